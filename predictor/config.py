@@ -1,0 +1,128 @@
+"""Every knob of the predictor, read once from the environment.
+
+Each field is an environment variable of the same name (upper case). An invalid value fails at start
+with a message naming the variable; nothing else in the package reads os.environ for configuration
+(boto3 reads the standard AWS_* variables itself, as KServe users expect).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(Exception):
+    """A setting is invalid; the message names the environment variable."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+
+    # --- identity and ports (KServe defaults) ---
+    model_name: str = Field("tts", description="Model name in the v1/v2 routes.")
+    http_port: int = Field(8080, ge=1, le=65535, description="REST port (KServe default).")
+    grpc_port: int = Field(8081, ge=0, le=65535, description="gRPC port (KServe default); 0 disables.")
+
+    # --- storage -> emptyDir ---
+    storage_uri: str = Field(
+        "",
+        description="s3://bucket/prefix, file:///path or a plain path holding manifest.json; "
+        "empty: MODEL_DIR must already hold a verified artifact.",
+    )
+    model_dir: Path = Field(Path("/mnt/models"), description="Where the artifact lands (the pod's emptyDir).")
+    fetch_concurrency: int = Field(8, ge=1, le=64, description="Parallel ranged GETs across all files.")
+    fetch_part_size_mib: int = Field(8, ge=1, le=1024, description="Bytes per ranged GET, MiB.")
+    fetch_retries: int = Field(5, ge=0, le=20, description="Attempts per part after the first, on retryable errors.")
+    fetch_backoff_s: float = Field(0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry.")
+
+    # --- engine ---
+    engine: Literal["onnx"] = Field("onnx", description="Synthesis engine.")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N.")
+    cpu_threads: int = Field(
+        0, ge=0, le=256, description="Intra-op threads; 0 = the container's CPU quota (cgroup), not host cores."
+    )
+    warmup_text: str = Field(
+        "Warming up the voice before the first request.", min_length=1, description="Synthesized before ready."
+    )
+    max_text_chars: int = Field(50_000, ge=1, description="Longest accepted text per item, characters.")
+    max_batch_items: int = Field(64, ge=1, description="Most texts in one v2 request (shape [N]).")
+
+    # --- lifecycle ---
+    drain_timeout_s: float = Field(
+        25.0, ge=0, description="On SIGTERM, how long in-flight requests may finish, seconds "
+        "(keep below the pod's terminationGracePeriodSeconds)."
+    )
+
+    # --- CloudEvents ---
+    ce_request_type: str = Field(
+        "dev.tts-predictor.synthesize.v1", description="Event type accepted on the v1 predict path."
+    )
+    ce_reply_type: str = Field(
+        "dev.tts-predictor.synthesized.v1", description="Type of the reply event; must differ from the request type."
+    )
+    ce_source: str = Field("", description="Source of reply events; empty = /models/<MODEL_NAME>.")
+
+    # --- observability ---
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
+    log_format: Literal["json", "text"] = Field("json", description="json: one JSON object per line.")
+    otel_exporter_otlp_endpoint: str = Field("", description="OTLP/HTTP endpoint; empty = tracing off.")
+    otel_service_name: str = Field("tts-predictor", description="service.name on spans.")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v == "cpu" or v == "cuda" or (v.startswith("cuda:") and v[5:].isdigit()):
+            return v
+        raise ValueError("must be cpu, cuda or cuda:N")
+
+    @field_validator("ce_reply_type")
+    @classmethod
+    def _reply_differs(cls, v: str, info) -> str:
+        if v == info.data.get("ce_request_type"):
+            raise ValueError("must differ from CE_REQUEST_TYPE, or a Trigger would loop")
+        return v
+
+    @property
+    def fetch_part_size(self) -> int:
+        return self.fetch_part_size_mib * 1024 * 1024
+
+    @property
+    def reply_source(self) -> str:
+        return self.ce_source or f"/models/{self.model_name}"
+
+    def threads(self) -> int:
+        return self.cpu_threads or container_cpus()
+
+
+def container_cpus() -> int:
+    """CPUs this container may use: the cgroup quota if set, else the affinity mask."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            return max(1, int(int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        if quota_us > 0:
+            return max(1, quota_us // period_us)
+    except (OSError, ValueError):
+        pass
+    return len(os.sched_getaffinity(0))
+
+
+def load_settings(**overrides) -> Settings:
+    """Read Settings from the environment, turning validation errors into one readable message."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            var = str(err["loc"][0]).upper() if err["loc"] else "?"
+            problems.append(f"{var}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

@@ -1,0 +1,60 @@
+"""One exception hierarchy for the predictor, each class carrying its HTTP and gRPC status.
+
+The REST and gRPC servers map these in one place (server.py); code that raises them never thinks
+about transports.
+"""
+
+from __future__ import annotations
+
+from grpc import StatusCode
+
+
+class PredictorError(Exception):
+    http_status = 500
+    grpc_status = StatusCode.INTERNAL
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(PredictorError):
+    """The request is wrong; retrying it unchanged cannot help."""
+
+    http_status = 400
+    grpc_status = StatusCode.INVALID_ARGUMENT
+
+
+class NotReady(PredictorError):
+    """The model is not warm yet, or the server is draining: try another replica or later."""
+
+    http_status = 503
+    grpc_status = StatusCode.UNAVAILABLE
+
+
+class StorageError(PredictorError):
+    """Fetching the artifact failed."""
+
+    retryable = False
+
+
+class TransientStorageError(StorageError):
+    """A failure a retry can fix: connection dropped, 5xx, throttling."""
+
+    retryable = True
+
+
+class ArtifactNotFound(StorageError):
+    """The manifest or an object it names does not exist."""
+
+
+class IntegrityError(StorageError):
+    """A file's size or sha256 differs from the manifest."""
+
+
+class UnsafePath(StorageError):
+    """A manifest entry would land outside MODEL_DIR."""
+
+
+class EngineError(PredictorError):
+    """The engine could not load or synthesize."""
