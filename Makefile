@@ -1,0 +1,50 @@
+# Two commands from a fresh clone: `make run` and `make test` (see README).
+PYTHON   ?= python3.11
+VENV     ?= .venv
+BIN      := $(VENV)/bin
+CACHE    := .cache
+S3_PORT  ?= 9000
+S3_URL   := http://127.0.0.1:$(S3_PORT)
+VOICE_URI ?= s3://voices/en_US-joe-medium
+# moto accepts any credentials; these are placeholders, not secrets.
+AWS_ENV  := AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_DEFAULT_REGION=us-east-1 AWS_ENDPOINT_URL=$(S3_URL)
+
+.PHONY: install run test bench lint image clean
+
+install: $(VENV)/.installed
+
+# Re-installs when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+run: install
+	@mkdir -p $(CACHE)
+	@$(BIN)/python -c "import urllib.request; urllib.request.urlopen('$(S3_URL)', timeout=1)" 2>/dev/null \
+	  || { $(BIN)/moto_server -H 127.0.0.1 -p $(S3_PORT) > $(CACHE)/moto.log 2>&1 & echo "local S3 (moto) on $(S3_URL)"; }
+	@for i in $$(seq 50); do $(BIN)/python -c "import urllib.request; urllib.request.urlopen('$(S3_URL)', timeout=1)" 2>/dev/null && break; sleep 0.2; done
+	@$(AWS_ENV) $(BIN)/tts-predictor publish --to $(VOICE_URI)
+	@echo "starting the predictor; once it logs 'model ready', try:"
+	@echo "  curl -s localhost:8080/v2/models/tts/infer -H 'content-type: application/json' \\"
+	@echo "    -d '{\"inputs\":[{\"name\":\"text\",\"datatype\":\"BYTES\",\"shape\":[1],\"data\":[\"Hello from the predictor.\"]}]}' | head -c 300"
+	@echo "  curl -s localhost:8080/v1/models/tts:predict -d '{\"instances\":[{\"text\":\"Hello.\"}]}' \\"
+	@echo "    | python3 -c 'import sys,json,base64; open(\"hello.wav\",\"wb\").write(base64.b64decode(json.load(sys.stdin)[\"predictions\"][0][\"wav_base64\"]))'"
+	$(AWS_ENV) STORAGE_URI=$(VOICE_URI) MODEL_DIR=$(CACHE)/models/en_US-joe-medium LOG_FORMAT=text \
+	  exec $(BIN)/tts-predictor serve
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python -m bench
+
+lint: install
+	$(BIN)/hadolint Dockerfile
+
+image:
+	docker build -t tts-predictor:dev .
+
+clean:
+	rm -rf $(CACHE) $(VENV)

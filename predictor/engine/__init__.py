@@ -1,0 +1,112 @@
+"""The engine interface every synthesis backend implements.
+
+Lifecycle, in the order cold start runs it (so construction overlaps the weight download):
+
+    engine = create(settings)      # heavy imports, device checks, phonemizer data: no weights yet
+    engine.load(model_dir)         # weights from the verified artifact onto the device
+    engine.warmup(text)            # first synthesis: allocations, kernel selection, compilation
+    engine.synthesize(texts, params) -> list of float32 mono arrays, one per text
+
+Engines are driven by one thread at a time (the predictor serializes calls); they need not be
+thread-safe. A batch may hold texts of any length; every item comes back trimmed to its own length.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from predictor.errors import BadRequest, EngineError
+
+if TYPE_CHECKING:
+    from predictor.config import Settings
+
+
+@dataclass(frozen=True)
+class SynthesisParams:
+    """Per-request knobs; None means the voice's own default from its config."""
+
+    length_scale: float | None = None
+    noise_scale: float | None = None
+    noise_w: float | None = None
+    voice: str | None = None
+
+    # Inclusive bounds outside which VITS output is garbage or the request is a mistake.
+    LIMITS = {"length_scale": (0.1, 5.0), "noise_scale": (0.0, 2.0), "noise_w": (0.0, 2.0)}
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi) in self.LIMITS.items():
+            value = getattr(self, name)
+            if value is not None and not (lo <= value <= hi):
+                raise BadRequest(f"parameter {name}={value} is out of range [{lo}, {hi}]")
+
+
+@dataclass(frozen=True)
+class VoiceConfig:
+    """What an engine needs from the artifact's config.json (Piper's voice config)."""
+
+    name: str
+    sample_rate: int
+    espeak_voice: str
+    phoneme_id_map: dict[str, list[int]]
+    length_scale: float
+    noise_scale: float
+    noise_w: float
+    num_speakers: int
+    speakers: dict[str, int]
+
+    @classmethod
+    def read(cls, model_dir: Path, name: str) -> "VoiceConfig":
+        try:
+            raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+            inference = raw.get("inference", {})
+            return cls(
+                name=name,
+                sample_rate=int(raw["audio"]["sample_rate"]),
+                espeak_voice=str(raw["espeak"]["voice"]),
+                phoneme_id_map={k: list(v) for k, v in raw["phoneme_id_map"].items()},
+                length_scale=float(inference.get("length_scale", 1.0)),
+                noise_scale=float(inference.get("noise_scale", 0.667)),
+                noise_w=float(inference.get("noise_w", 0.8)),
+                num_speakers=int(raw.get("num_speakers", 1)),
+                speakers=dict(raw.get("speaker_id_map", {})),
+            )
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"voice config {model_dir / 'config.json'} is unusable: {exc}") from exc
+
+
+class Engine(ABC):
+    """A loaded voice on a device."""
+
+    name: str
+
+    @abstractmethod
+    def load(self, model_dir: Path) -> None: ...
+
+    @abstractmethod
+    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]: ...
+
+    @property
+    @abstractmethod
+    def sample_rate(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def voices(self) -> list[str]: ...
+
+    def warmup(self, text: str) -> None:
+        self.synthesize([text], SynthesisParams(noise_scale=0.0, noise_w=0.0))
+
+
+def create(settings: "Settings") -> Engine:
+    """Construct the configured engine without weights (device and imports checked here, at start)."""
+    if settings.engine == "onnx":
+        from predictor.engine.onnx import OnnxEngine
+
+        return OnnxEngine(device=settings.device, threads=settings.threads())
+    raise EngineError(f"unknown engine {settings.engine!r}")

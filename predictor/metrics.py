@@ -1,0 +1,41 @@
+"""Prometheus metrics, all prefixed `tts_`, served on the REST port at /metrics.
+
+Names and labels are a contract with dashboards, alerts and autoscalers (README lists them): add,
+don't rename. Label values are bounded (route templates, status codes, phases), never request data.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Cold start runs once per process; the phase gauges hold its durations for the life of the pod.
+COLD_START_SECONDS = Gauge(
+    "tts_cold_start_seconds",
+    "Duration of each cold-start phase of this process, seconds (phase=fetch|load|warmup|total).",
+    ["phase"],
+)
+FETCH_BYTES = Counter("tts_fetch_bytes", "Bytes of model artifact downloaded into MODEL_DIR.")
+FETCH_FILES = Counter(
+    "tts_fetch_files", "Artifact files by outcome (downloaded, or skipped as already verified).", ["outcome"]
+)
+READY = Gauge("tts_model_ready", "1 once the model is loaded and warm, 0 before and while draining.")
+
+REQUESTS = Counter("tts_requests", "Requests handled, by route template and status code.", ["route", "code"])
+ERRORS = Counter("tts_request_errors", "Requests answered with a status >= 400, by route and code.", ["route", "code"])
+IN_FLIGHT = Gauge("tts_in_flight_requests", "Synthesis requests admitted and not yet answered.")
+QUEUE_DEPTH = Gauge("tts_queue_depth", "Synthesis requests waiting for the engine.")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+SYNTHESIS_SECONDS = Histogram(
+    "tts_synthesis_seconds", "Engine time per request (all items), seconds.", buckets=_LATENCY_BUCKETS
+)
+AUDIO_SECONDS = Histogram(
+    "tts_audio_seconds",
+    "Seconds of audio produced per request.",
+    buckets=(0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900),
+)
+REAL_TIME_FACTOR = Histogram(
+    "tts_real_time_factor",
+    "Engine seconds per second of audio produced (lower is faster; < 1 is faster than real time).",
+    buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5),
+)

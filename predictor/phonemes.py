@@ -1,0 +1,36 @@
+"""Text -> phoneme ids, through the voice's espeak-ng voice and phoneme id map.
+
+espeak-ng (as bundled by piper-tts) keeps global state (the current voice), so every call holds one
+process-wide lock. Sentences are returned separately: engines synthesize them one by one or as a batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+from piper.phoneme_ids import phonemes_to_ids
+from piper.phonemize_espeak import EspeakPhonemizer
+
+_lock = threading.Lock()
+_phonemizer: EspeakPhonemizer | None = None
+
+
+def _espeak() -> EspeakPhonemizer:
+    global _phonemizer
+    if _phonemizer is None:
+        _phonemizer = EspeakPhonemizer()
+    return _phonemizer
+
+
+def prepare() -> None:
+    """Load espeak-ng's data now, so the first request does not pay for it."""
+    with _lock:
+        _espeak()
+
+
+def sentence_ids(text: str, espeak_voice: str, id_map: Mapping[str, Sequence[int]]) -> list[list[int]]:
+    """Phoneme ids per sentence, with BOS/EOS and the pad between phonemes as the voice was trained."""
+    with _lock:
+        sentences = _espeak().phonemize(espeak_voice, text)
+    return [phonemes_to_ids(phonemes, id_map) for phonemes in sentences if phonemes]

@@ -1,0 +1,336 @@
+"""The predictor process: KServe's REST and gRPC servers around our model, cold start, drain.
+
+Cold start, in the order it overlaps (the CLI starts the first two before importing this module):
+
+    thread 1: fetch the artifact into MODEL_DIR          ─┐
+    thread 2: construct the engine (imports, phonemizer)  ├─> load -> warm-up -> ready
+    main:     import KServe, bind ports, answer liveness ─┘
+
+Readiness is the model's: /v2/models/{name}/ready, /v1/models/{name} and also /v2/health/ready (which
+KServe answers `true` as soon as the process runs, before any model is warm; we answer it from the
+model) stay 503 until the warm-up synthesis has run. Liveness (/v2/health/live) is 200 throughout.
+
+SIGTERM: readiness drops to 503 and new requests are refused (503 / UNAVAILABLE), in-flight requests
+finish (up to DRAIN_TIMEOUT_S), then both servers stop and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from grpc import StatusCode, aio
+from opentelemetry import trace
+from pydantic import ValidationError
+from kserve.errors import ModelNotFound, ModelNotReady
+from kserve.model_repository import ModelRepository
+from kserve.protocol.dataplane import DataPlane
+from kserve.protocol.infer_type import InferRequest
+from kserve.protocol.rest.v2_datamodels import InferenceRequest
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
+from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+from kserve.protocol.rest.server import RESTServer
+
+from predictor import events, metrics, tracing
+from predictor.coldstart import ColdStart
+from predictor.config import ConfigError, Settings
+from predictor.endpoints import BINARY_HEADER, INPUT_METADATA, OUTPUT_METADATA, TTSModel, parse_v1, v1_predictions
+from predictor.errors import BadRequest, NotReady, PredictorError
+from predictor.service import TTSService
+
+log = logging.getLogger("predictor.server")
+
+
+# --- error mapping: the one place PredictorError meets HTTP and gRPC -------------------------
+async def _http_error(_request: Request, exc: PredictorError) -> JSONResponse:
+    return JSONResponse(status_code=exc.http_status, content={"error": exc.message})
+
+
+async def _not_ready(_request: Request, exc: ModelNotReady) -> JSONResponse:
+    return JSONResponse(status_code=503, content={"error": str(exc)})
+
+
+class _GrpcErrors(ExceptionToStatusInterceptor):
+    """KServe's mapping plus ours, and a request counter by method and final status."""
+
+    async def intercept(self, method, request_or_iterator, context, method_name):
+        code = StatusCode.OK
+        try:
+            return await super().intercept(method, request_or_iterator, context, method_name)
+        except BaseException:
+            code = context.code() or StatusCode.UNKNOWN
+            raise
+        finally:
+            route = "grpc:" + method_name.rsplit("/", 1)[-1]
+            metrics.REQUESTS.labels(route, code.name).inc()
+            if code != StatusCode.OK:
+                metrics.ERRORS.labels(route, code.name).inc()
+
+    async def handle_exception(self, ex, request_or_iterator, context, method_name):
+        if isinstance(ex, PredictorError):
+            if ex.http_status >= 500:
+                log.warning("grpc %s failed: %s", method_name, ex.message)
+            await context.abort(ex.grpc_status, ex.message)
+        await super().handle_exception(ex, request_or_iterator, context, method_name)
+
+
+class _RequestMetrics:
+    """Pure ASGI middleware: count every HTTP response by route template and status code."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500
+
+        async def capture(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            metrics.REQUESTS.labels(route, str(status)).inc()
+            if status >= 400:
+                metrics.ERRORS.labels(route, str(status)).inc()
+
+
+# --- servers ---------------------------------------------------------------------------------
+class _Uvicorn(uvicorn.Server):
+    """Uvicorn without its own signal handlers: the drain below owns SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class _RESTServer(RESTServer):
+    def __init__(self, service: TTSService, settings: Settings, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._service = service
+        self._settings = settings
+        self._server = _Uvicorn(self.config)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+
+    def _add_middlewares(self, app: FastAPI) -> None:
+        # KServe's TimingMiddleware logs every request at INFO; our counters and spans replace it.
+        app.add_middleware(_RequestMetrics)
+
+    def _register_endpoints(self, app: FastAPI) -> None:
+        # Registered before KServe's routes, so these win where paths coincide.
+        add_routes(app, self._service, self._settings, self.dataplane)
+        super()._register_endpoints(app)
+
+    def _add_exception_handlers(self, app: FastAPI) -> None:
+        super()._add_exception_handlers(app)
+        app.add_exception_handler(PredictorError, _http_error)
+        # KServe logs a traceback for every not-ready answer: one per probe during each cold start.
+        app.add_exception_handler(ModelNotReady, _not_ready)
+
+
+class _GRPCServer:
+    def __init__(self, port: int, dataplane: DataPlane, extension: ModelRepositoryExtension):
+        self._port = port
+        self._server = aio.server(
+            interceptors=(_GrpcErrors(),),
+            options=[("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 64 << 20)],
+        )
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(dataplane, extension), self._server
+        )
+        self._server.add_insecure_port(f"[::]:{port}")
+
+    async def start(self) -> None:
+        await self._server.start()
+        log.info("gRPC listening", extra={"port": self._port})
+        await self._server.wait_for_termination()
+
+    async def stop(self, grace_s: float) -> None:
+        await self._server.stop(grace=grace_s)
+
+
+def add_routes(app: FastAPI, service: TTSService, settings: Settings, dataplane: DataPlane) -> None:
+    name = settings.model_name
+
+    @app.post("/v2/models/{model_name}/infer")
+    async def v2_infer(model_name: str, request: Request) -> Response:
+        # KServe's route reads a body without content-type: application/json as binary and then
+        # demands the binary header; Triton's HTTP client sends JSON exactly like that.
+        _known(model_name, name)
+        service.require_ready()
+        body = await request.body()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        if BINARY_HEADER in headers:
+            infer_request = dataplane.decode_inference_request(body, headers, name)
+        else:
+            try:
+                parsed = InferenceRequest.model_validate_json(body)
+            except ValidationError as exc:
+                problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+                raise BadRequest(f"invalid v2 inference request: {problems}") from None
+            infer_request = InferRequest.from_inference_request(parsed, name)
+        response, _ = await dataplane.infer(name, infer_request, headers)
+        encoded, response_headers = dataplane.encode(name, response, headers, {})
+        if isinstance(encoded, bytes):
+            return Response(encoded, headers=response_headers, media_type="application/octet-stream")
+        return Response(orjson.dumps(encoded, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+
+    @app.get("/v2/health/ready")
+    async def server_ready() -> JSONResponse:
+        # KServe answers true before any model is warm; a probe on this path must not pass early.
+        return JSONResponse({"ready": service.ready}, status_code=200 if service.ready else 503)
+
+    @app.get("/v2/models/{model_name}")
+    async def model_metadata(model_name: str) -> dict:
+        _known(model_name, name)
+        meta = {"name": name, "versions": [], "platform": settings.engine, "inputs": INPUT_METADATA, "outputs": OUTPUT_METADATA}
+        if service.engine is not None:
+            meta["parameters"] = {"sample_rate": service.sample_rate, "voices": service.voices}
+        return meta
+
+    @app.post("/v1/models/{model_name}:predict")
+    async def v1_predict(model_name: str, request: Request) -> Response:
+        _known(model_name, name)
+        body = await request.body()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        if events.is_cloudevent(headers):
+            event = events.parse(headers, body, settings)
+            result = await service.synthesize([event.text], event.params)
+            reply_headers, reply_body = events.reply(event, result, settings)
+            return Response(content=reply_body, headers=reply_headers)
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"body is not valid JSON: {exc}") from None
+        texts, params = parse_v1(payload)
+        result = await service.synthesize(texts, params)
+        return Response(orjson.dumps({"predictions": v1_predictions(result)}), media_type="application/json")
+
+
+def _known(model_name: str, name: str) -> None:
+    if model_name != name:
+        raise ModelNotFound(model_name)
+
+
+# --- cold start ------------------------------------------------------------------------------
+def process_age_s() -> float:
+    """Seconds since this process was exec'd (from /proc), so cold start includes interpreter start."""
+    import os
+
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
+    span = tracing.tracer().start_span(name, start_time=start_ns, attributes=attrs)
+    span.end(end_time=end_ns)
+
+
+async def await_cold_start(service: TTSService, settings: Settings, pending: Future) -> None:
+    """Wait for the cold-start pipeline, then record it (metrics, spans, one log line) and go ready.
+
+    A ConfigError (an engine that cannot exist here, such as DEVICE=cuda without a GPU) propagates
+    and the process exits at start; fetch or load failures leave the model not ready, saying why.
+    """
+    exec_ns = time.time_ns() - int(process_age_s() * 1e9)
+    root = tracing.tracer().start_span("cold_start", start_time=exec_ns)
+    try:
+        done: ColdStart = await asyncio.wrap_future(pending)
+    except ConfigError:
+        root.end()
+        raise
+    except Exception as exc:
+        root.record_exception(exc)
+        root.end()
+        log.error("cold start failed; the model stays not ready: %s", exc, exc_info=not isinstance(exc, PredictorError))
+        return
+    with trace.use_span(root, end_on_exit=True):
+        for phase, (t0, t1) in done.phases_ns.items():
+            _span(phase, t0, t1)
+            metrics.COLD_START_SECONDS.labels(phase).set((t1 - t0) / 1e9)
+        service.mark_ready(done.engine)
+        total = process_age_s()
+        metrics.COLD_START_SECONDS.labels("total").set(total)
+    log.info(
+        "model ready",
+        extra={
+            "model": settings.model_name,
+            "artifact": f"{done.manifest.name}@{done.manifest.version}",
+            "cold_start_s": round(total, 3),
+            "phases_s": {p: round((t1 - t0) / 1e9, 3) for p, (t0, t1) in done.phases_ns.items()},
+            "bytes_fetched": done.report.bytes_downloaded,
+            "files_skipped": done.report.files_skipped,
+        },
+    )
+
+
+# --- main ------------------------------------------------------------------------------------
+async def run(settings: Settings, cold_start: Future) -> None:
+    service = TTSService(settings)
+    model = TTSModel(settings.model_name, service)
+    registry = ModelRepository()
+    registry.update(model)
+    dataplane = DataPlane(model_registry=registry)
+    extension = ModelRepositoryExtension(model_registry=registry)
+    rest = _RESTServer(
+        service,
+        settings,
+        app="kserve.model_server:app",
+        data_plane=dataplane,
+        model_repository_extension=extension,
+        http_port=settings.http_port,
+        grace_period=int(settings.drain_timeout_s) + 1,
+    )
+    servers = [asyncio.create_task(rest.start(), name="rest")]
+    grpc_server = None
+    if settings.grpc_port:
+        grpc_server = _GRPCServer(settings.grpc_port, dataplane, extension)
+        servers.append(asyncio.create_task(grpc_server.start(), name="grpc"))
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    warm = asyncio.create_task(await_cold_start(service, settings, cold_start), name="cold-start")
+
+    stopping = asyncio.create_task(stop.wait())
+    pending = {stopping, warm, *servers}
+    while stopping in pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopping and task.exception():
+                for other in pending:
+                    other.cancel()
+                raise task.exception()
+    log.info("draining", extra={"timeout_s": settings.drain_timeout_s})
+    finished = await service.drain(settings.drain_timeout_s)
+    warm.cancel()
+    rest.stop()
+    if grpc_server:
+        await grpc_server.stop(grace_s=1.0)
+    await asyncio.gather(*servers, return_exceptions=True)
+    tracing.shutdown()
+    log.info("stopped", extra={"drained": finished})
+    if not finished:
+        raise NotReady("in-flight requests were cut off by DRAIN_TIMEOUT_S")

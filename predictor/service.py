@@ -1,0 +1,137 @@
+"""The synthesis service every route shares: validation, readiness, one engine thread, drain.
+
+Routes (v2 REST/gRPC, v1, CloudEvents) decode their own wire format into texts + SynthesisParams and
+call `TTSService.synthesize`. The engine runs on a single dedicated thread: engine calls are
+serialized (a GPU runs one graph at a time anyway) and the event loop never blocks on synthesis,
+so liveness answers during a long request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from predictor import metrics, tracing
+from predictor.config import Settings
+from predictor.engine import Engine, SynthesisParams
+from predictor.errors import BadRequest, NotReady
+
+log = logging.getLogger("predictor.service")
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    audio: list[np.ndarray]  # one float32 mono array per text, in [-1, 1]
+    sample_rate: int
+    engine_seconds: float
+
+    @property
+    def audio_seconds(self) -> float:
+        return sum(len(a) for a in self.audio) / self.sample_rate
+
+
+class TTSService:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.engine: Engine | None = None
+        self._ready = False
+        self._draining = False
+        self._in_flight = 0
+        self._idle = asyncio.Condition()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+    # --- lifecycle -------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready and not self._draining
+
+    def mark_ready(self, engine: Engine) -> None:
+        self.engine = engine
+        self._ready = True
+        metrics.READY.set(1)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new work, wait for in-flight requests; True if they all finished in time."""
+        self._draining = True
+        metrics.READY.set(0)
+        async with self._idle:
+            try:
+                await asyncio.wait_for(self._idle.wait_for(lambda: self._in_flight == 0), timeout_s)
+                return True
+            except TimeoutError:
+                log.warning("drain timed out", extra={"in_flight": self._in_flight})
+                return False
+
+    # --- requests --------------------------------------------------------------------------
+    @property
+    def sample_rate(self) -> int:
+        if self.engine is None:
+            raise NotReady("model is not loaded yet")
+        return self.engine.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        return self.engine.voices if self.engine else []
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise NotReady("model is draining" if self._draining else "model is not ready (cold start in progress)")
+
+    def check(self, texts: Sequence[str], params: SynthesisParams) -> None:
+        """Reject bad input before it takes a place in the queue."""
+        self.require_ready()
+        if not texts:
+            raise BadRequest("no text given: send at least one item")
+        if len(texts) > self.settings.max_batch_items:
+            raise BadRequest(f"{len(texts)} texts in one request; the limit is MAX_BATCH_ITEMS={self.settings.max_batch_items}")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise BadRequest(f"text[{i}] must be a string")
+            if not text.strip():
+                raise BadRequest(f"text[{i}] is empty or whitespace only")
+            if len(text) > self.settings.max_text_chars:
+                raise BadRequest(
+                    f"text[{i}] has {len(text)} characters; the limit is MAX_TEXT_CHARS={self.settings.max_text_chars}"
+                )
+        if params.voice is not None and params.voice not in self.voices:
+            raise BadRequest(f"unknown voice {params.voice!r}; this model serves {self.voices}")
+
+    async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
+        self.check(texts, params)
+        self._in_flight += 1
+        metrics.IN_FLIGHT.inc()
+        metrics.QUEUE_DEPTH.inc()
+        try:
+            with tracing.tracer().start_as_current_span("synthesize", attributes={"tts.items": len(texts)}) as span:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._executor, self._run, list(texts), params)
+                span.set_attribute("tts.audio_seconds", result.audio_seconds)
+                span.set_attribute("tts.engine_seconds", result.engine_seconds)
+                return result
+        finally:
+            self._in_flight -= 1
+            metrics.IN_FLIGHT.dec()
+            async with self._idle:
+                self._idle.notify_all()
+
+    def _run(self, texts: list[str], params: SynthesisParams) -> SynthesisResult:
+        metrics.QUEUE_DEPTH.dec()
+        assert self.engine is not None
+        start = time.perf_counter()
+        audio = self.engine.synthesize(texts, params)
+        elapsed = time.perf_counter() - start
+        result = SynthesisResult(audio=audio, sample_rate=self.engine.sample_rate, engine_seconds=elapsed)
+        for i, a in enumerate(audio):
+            if len(a) == 0:
+                raise BadRequest(f"text[{i}] has nothing to speak (no phonemes)")
+        metrics.SYNTHESIS_SECONDS.observe(elapsed)
+        metrics.AUDIO_SECONDS.observe(result.audio_seconds)
+        if result.audio_seconds > 0:
+            metrics.REAL_TIME_FACTOR.observe(elapsed / result.audio_seconds)
+        return result

@@ -1,0 +1,225 @@
+"""The protocol contract over real sockets: v2 REST and gRPC (KServe's and Triton's clients), v1, CloudEvents."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+
+from conftest import v2_request
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
+
+
+def audio_of(body: dict, index: int = 0) -> np.ndarray:
+    outputs = {o["name"]: o for o in body["outputs"]}
+    audio = np.asarray(outputs["audio"]["data"], dtype=np.float32).reshape(outputs["audio"]["shape"])
+    length = outputs["audio_length"]["data"][index]
+    return audio[index, :length]
+
+
+def is_speech(audio: np.ndarray, sample_rate: int = 22050) -> bool:
+    rms = float(np.sqrt(np.mean(audio**2)))
+    return len(audio) > sample_rate * 0.3 and rms > 0.01 and np.abs(audio).max() <= 1.0
+
+
+def test_v2_rest_returns_real_speech(predictor):
+    response = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET))
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["parameters"]["sample_rate"] == 22050
+    assert is_speech(audio_of(body))
+
+
+def test_longer_text_gives_longer_audio(predictor):
+    short = predictor.post("/v2/models/tts/infer", json=v2_request("Hello.", **QUIET)).json()
+    long = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE + " " + SENTENCE, **QUIET)).json()
+
+    assert len(audio_of(long)) > 2 * len(audio_of(short))
+
+
+def test_zero_noise_is_identical_across_calls(predictor):
+    first = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
+    second = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
+
+    np.testing.assert_array_equal(audio_of(first), audio_of(second))
+
+
+def test_batch_is_zero_padded_to_longest_item(predictor):
+    body = predictor.post("/v2/models/tts/infer", json=v2_request("Hi.", SENTENCE, **QUIET)).json()
+
+    outputs = {o["name"]: o for o in body["outputs"]}
+    lengths = outputs["audio_length"]["data"]
+    audio = np.asarray(outputs["audio"]["data"], dtype=np.float32).reshape(outputs["audio"]["shape"])
+    assert outputs["audio"]["shape"] == [2, max(lengths)]
+    assert lengths[0] < lengths[1]
+    assert not audio[0, lengths[0] :].any()
+
+
+def test_length_scale_slows_speech(predictor):
+    normal = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
+    slow = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, length_scale=1.5, **QUIET)).json()
+
+    assert len(audio_of(slow)) > 1.3 * len(audio_of(normal))
+
+
+def test_model_metadata_describes_tensors_and_sample_rate(predictor):
+    meta = predictor.get("/v2/models/tts").json()
+
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert [o["name"] for o in meta["outputs"]] == ["audio", "audio_length"]
+    assert meta["parameters"]["sample_rate"] == 22050
+
+
+def test_triton_http_client_with_binary_tensors(predictor):
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{predictor.http_port}")
+    text = triton_http.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([SENTENCE.encode()], dtype=object), binary_data=True)
+    outputs = [triton_http.InferRequestedOutput(n, binary_data=True) for n in ("audio", "audio_length")]
+
+    result = client.infer("tts", [text], outputs=outputs, parameters=QUIET)
+
+    rest = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
+    length = int(result.as_numpy("audio_length")[0])
+    np.testing.assert_array_equal(result.as_numpy("audio")[0, :length], audio_of(rest))
+    assert result.get_response()["parameters"]["sample_rate"] == 22050
+
+
+def test_triton_http_client_json_only(predictor):
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{predictor.http_port}")
+    text = triton_http.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([SENTENCE.encode()], dtype=object), binary_data=False)
+    outputs = [triton_http.InferRequestedOutput(n, binary_data=False) for n in ("audio", "audio_length")]
+
+    result = client.infer("tts", [text], outputs=outputs, parameters=QUIET)
+
+    assert "data" in result.get_output("audio")
+    assert is_speech(result.as_numpy("audio")[0, : int(result.as_numpy("audio_length")[0])])
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "typed"])
+def test_triton_grpc_client_matches_rest(predictor, raw):
+    client = triton_grpc.InferenceServerClient(predictor.grpc)
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([SENTENCE.encode()], dtype=object))
+    if raw:
+        # Triton's client sends floats as double_param, a field KServe's proto does not declare.
+        result = client.infer("tts", [text], parameters={"noise_scale": 0.0, "noise_w": 0.0})
+        audio, lengths = result.as_numpy("audio"), result.as_numpy("audio_length")
+    else:
+        audio, lengths = grpc_typed_infer(predictor.grpc, SENTENCE, {"noise_scale": "0", "noise_w": "0"})
+
+    rest = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
+    np.testing.assert_array_equal(audio[0, : int(lengths[0])], audio_of(rest))
+
+
+def grpc_typed_infer(target: str, text: str, params: dict[str, str]) -> tuple[np.ndarray, np.ndarray]:
+    """A v2 gRPC request with typed contents (no raw tensors) and string parameters.
+
+    Triton's generated stubs are used because KServe's and Triton's protos share the `inference`
+    package and cannot both be imported into one process.
+    """
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
+
+    request = pb.ModelInferRequest(model_name="tts")
+    tensor = request.inputs.add(name="text", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(text.encode())
+    for key, value in params.items():
+        request.parameters[key].string_param = value
+    with grpc.insecure_channel(target) as channel:
+        response = GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
+    assert not response.raw_output_contents, "typed request must get typed outputs"
+    outputs = {o.name: o for o in response.outputs}
+    audio = np.asarray(outputs["audio"].contents.fp32_contents, dtype=np.float32).reshape(list(outputs["audio"].shape))
+    assert response.parameters["sample_rate"].int64_param == 22050
+    return audio, np.asarray(outputs["audio_length"].contents.int64_contents)
+
+
+def test_kserve_rest_and_grpc_clients(predictor):
+    # KServe's gRPC client cannot share a process with Triton's (see grpc_typed_infer), so it runs apart.
+    script = Path(__file__).with_name("kserve_clients.py")
+
+    run = subprocess.run(
+        [sys.executable, str(script), predictor.url, predictor.grpc, SENTENCE],
+        capture_output=True, text=True, timeout=120,
+    )
+
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    assert result["rest_shape"] == result["grpc_shape"] and result["identical"]
+    rest = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
+    assert result["rest_length"] == len(audio_of(rest))
+
+
+def test_v1_predict_returns_wav_per_instance(predictor):
+    response = predictor.post(
+        "/v1/models/tts:predict", json={"instances": [{"text": "Hello."}, {"text": SENTENCE}], "parameters": QUIET}
+    )
+
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    assert len(predictions) == 2
+    audio, rate = soundfile.read(io.BytesIO(base64.b64decode(predictions[1]["wav_base64"])))
+    assert rate == 22050 and is_speech(audio.astype(np.float32))
+
+
+def test_v1_model_status_is_ready(predictor):
+    assert predictor.get("/v1/models/tts").status_code == 200
+
+
+# --- CloudEvents -----------------------------------------------------------------------------
+EVENT_TYPE = "dev.tts-predictor.synthesize.v1"
+
+
+def test_cloudevent_binary_mode_round_trip(predictor):
+    headers = {
+        "ce-specversion": "1.0",
+        "ce-type": EVENT_TYPE,
+        "ce-source": "/tests",
+        "ce-id": "evt-binary-1",
+        "content-type": "application/json",
+    }
+
+    response = predictor.post("/v1/models/tts:predict", headers=headers, content=json.dumps({"text": SENTENCE, **QUIET}))
+
+    assert response.status_code == 200, response.text
+    assert response.headers["ce-type"] != EVENT_TYPE
+    assert response.headers["ce-type"] == "dev.tts-predictor.synthesized.v1"
+    assert response.headers["ce-inreplyto"] == "evt-binary-1"
+    data = response.json()
+    audio, _ = soundfile.read(io.BytesIO(base64.b64decode(data["wav_base64"])))
+    assert is_speech(audio.astype(np.float32))
+
+
+def test_cloudevent_structured_mode_round_trip(predictor):
+    event = {
+        "specversion": "1.0",
+        "type": EVENT_TYPE,
+        "source": "/tests",
+        "id": "evt-structured-1",
+        "datacontenttype": "application/json",
+        "data": {"text": SENTENCE, **QUIET},
+    }
+
+    response = predictor.post(
+        "/v1/models/tts:predict", headers={"content-type": "application/cloudevents+json"}, content=json.dumps(event)
+    )
+
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/cloudevents+json")
+    reply = response.json()
+    assert reply["type"] != EVENT_TYPE and reply["inreplyto"] == "evt-structured-1"
+    assert reply["data"]["sample_rate"] == 22050 and reply["data"]["audio_seconds"] > 1
