@@ -15,11 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import orjson
 import soundfile
 from google.protobuf.unknown_fields import UnknownFieldSet
 from kserve import Model
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, RequestedOutput
+from kserve.protocol.infer_type import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
+from kserve.protocol.rest.v2_datamodels import InferenceRequest
+from pydantic import ValidationError
 
 from predictor.engine import SynthesisParams
 from predictor.errors import BadRequest, NotReady
@@ -104,6 +107,58 @@ def decode_texts(items: Any, where: str = "text") -> list[str]:
             raise BadRequest(f"{where}[{i}] must be a UTF-8 string, got {type(item).__name__}")
         out.append(item)
     return out
+
+
+def decode_binary_request(body: bytes, header_length: str, model_name: str) -> InferRequest:
+    """A v2 request using the binary tensor extension, with raw tensors kept raw.
+
+    KServe's own decoder turns raw BYTES back into JSON strings and fails with a 500 on bytes that are
+    not UTF-8; here they stay bytes, so decode_texts can answer 400 with the offending position.
+    """
+    try:
+        json_size = int(header_length)
+    except ValueError:
+        raise BadRequest(f"{BINARY_HEADER} must be an integer, got {header_length!r}") from None
+    if not 0 < json_size <= len(body):
+        raise BadRequest(f"{BINARY_HEADER}={json_size} does not fit a body of {len(body)} bytes")
+    try:
+        header = orjson.loads(body[:json_size])
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the JSON header of a binary request is invalid: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
+        raise BadRequest('the JSON header of a binary request must be {"inputs": [...], ...}')
+    offset, inputs, raw = json_size, [], []
+    for i, tensor in enumerate(header["inputs"]):
+        if not isinstance(tensor, dict) or not {"name", "datatype", "shape"} <= set(tensor):
+            raise BadRequest(f"inputs[{i}] must have name, datatype and shape")
+        params = dict(tensor.get("parameters") or {})
+        size = params.pop("binary_data_size", None)
+        if size is None:
+            raise BadRequest(f"input {tensor['name']!r} has no binary_data_size; mixing JSON and binary inputs is not supported")
+        if not isinstance(size, int) or size < 0 or offset + size > len(body):
+            raise BadRequest(f"input {tensor['name']!r}: binary_data_size={size} runs past the end of the body")
+        inputs.append(InferInput(tensor["name"], list(tensor["shape"]), tensor["datatype"], parameters=params))
+        raw.append(body[offset : offset + size])
+        offset += size
+    if offset != len(body):
+        raise BadRequest(f"{len(body) - offset} bytes after the last binary tensor")
+    outputs = []
+    for i, o in enumerate(header.get("outputs") or []):
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise BadRequest(f"outputs[{i}] must be an object with a name")
+        outputs.append(RequestedOutput(o["name"], dict(o.get("parameters") or {})))
+    return InferRequest(
+        model_name=model_name, infer_inputs=inputs, request_id=header.get("id"), raw_inputs=raw,
+        parameters=dict(header.get("parameters") or {}), request_outputs=outputs or None,
+    )  # fmt: skip
+
+
+def parse_inference_request(raw: bytes) -> InferenceRequest:
+    try:
+        return InferenceRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise BadRequest(f"invalid v2 inference request: {problems}") from None
 
 
 # --- audio -----------------------------------------------------------------------------------

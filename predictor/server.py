@@ -30,12 +30,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from grpc import StatusCode, aio
 from opentelemetry import trace
-from pydantic import ValidationError
 from kserve.errors import ModelNotFound, ModelNotReady
 from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.infer_type import InferRequest
-from kserve.protocol.rest.v2_datamodels import InferenceRequest
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
@@ -45,7 +43,16 @@ from kserve.protocol.rest.server import RESTServer
 from predictor import events, metrics, tracing
 from predictor.coldstart import ColdStart
 from predictor.config import ConfigError, Settings
-from predictor.endpoints import BINARY_HEADER, INPUT_METADATA, OUTPUT_METADATA, TTSModel, parse_v1, v1_predictions
+from predictor.endpoints import (
+    BINARY_HEADER,
+    INPUT_METADATA,
+    OUTPUT_METADATA,
+    TTSModel,
+    decode_binary_request,
+    parse_inference_request,
+    parse_v1,
+    v1_predictions,
+)
 from predictor.errors import BadRequest, NotReady, PredictorError
 from predictor.service import TTSService
 
@@ -179,14 +186,9 @@ def add_routes(app: FastAPI, service: TTSService, settings: Settings, dataplane:
         body = await request.body()
         headers = {k.lower(): v for k, v in request.headers.items()}
         if BINARY_HEADER in headers:
-            infer_request = dataplane.decode_inference_request(body, headers, name)
+            infer_request = decode_binary_request(body, headers[BINARY_HEADER], name)
         else:
-            try:
-                parsed = InferenceRequest.model_validate_json(body)
-            except ValidationError as exc:
-                problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-                raise BadRequest(f"invalid v2 inference request: {problems}") from None
-            infer_request = InferRequest.from_inference_request(parsed, name)
+            infer_request = InferRequest.from_inference_request(parse_inference_request(body), name)
         response, _ = await dataplane.infer(name, infer_request, headers)
         encoded, response_headers = dataplane.encode(name, response, headers, {})
         if isinstance(encoded, bytes):
