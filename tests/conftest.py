@@ -128,6 +128,7 @@ class PredictorProcess:
             "CPU_THREADS": "1",  # two predictors may share CI's two cores
             **env,
         }
+        self.env = full_env
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "predictor", "serve"], env=full_env, stdout=self._log, stderr=subprocess.STDOUT
