@@ -1,0 +1,74 @@
+"""The command line: publish, fetch, synth, and the image's Dockerfile lint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import soundfile
+
+from conftest import aws_env_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "predictor", *args],
+        env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_publish_then_fetch_round_trip(s3_server, tmp_path):
+    env = aws_env_for(s3_server)
+
+    published = cli("publish", "--to", "s3://cli-voices/joe", "--endpoint-url", s3_server, env=env)
+    fetched = cli("fetch", "s3://cli-voices/joe", str(tmp_path / "model"), env=env)
+    again = cli("fetch", "s3://cli-voices/joe", str(tmp_path / "model"), env=env)
+
+    assert published.returncode == 0, published.stderr
+    assert fetched.returncode == 0, fetched.stderr
+    assert "3 downloaded" in fetched.stdout
+    assert "0 downloaded, 3 already verified" in again.stdout
+    manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
+    assert manifest["name"] == "en_US-joe-medium"
+
+
+def test_fetch_of_missing_artifact_fails_with_reason(s3_server, tmp_path):
+    run = cli("fetch", "s3://cli-voices/absent", str(tmp_path / "model"), env=aws_env_for(s3_server))
+
+    assert run.returncode == 1
+    assert "manifest.json" in run.stderr
+
+
+def test_synth_writes_speech_to_a_wav_file(voice_dir, tmp_path):
+    out = tmp_path / "hello.wav"
+
+    run = cli("synth", "--model-dir", str(voice_dir), "--noise-scale", "0", "--noise-w", "0",
+              "--text", "Hello from the command line.", "--out", str(out))  # fmt: skip
+
+    assert run.returncode == 0, run.stderr
+    audio, rate = soundfile.read(out, dtype="float32")
+    assert rate == 22050 and len(audio) > rate and float(np.sqrt(np.mean(audio**2))) > 0.01
+    assert not list(tmp_path.glob(".*.part")), "the temporary file was left behind"
+
+
+def test_console_script_is_installed():
+    script = shutil.which("tts-predictor", path=str(Path(sys.executable).parent))
+
+    run = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+
+    assert run.returncode == 0 and "serve" in run.stdout and "publish" in run.stdout
+
+
+def test_dockerfile_is_clean_under_hadolint():
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+
+    run = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
+
+    assert run.returncode == 0, run.stdout + run.stderr
