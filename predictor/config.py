@@ -48,7 +48,9 @@ class Settings(BaseSettings):
     warmup_text: str = Field(
         "Warming up the voice before the first request.", min_length=1, description="Synthesized before ready."
     )
-    max_text_chars: int = Field(50_000, ge=1, description="Longest accepted text per item, characters.")
+    max_text_chars: int = Field(
+        5_000, ge=1, description="Longest accepted text per item, characters (a whole response is held in memory)."
+    )
     max_batch_items: int = Field(64, ge=1, description="Most texts in one v2 request (shape [N]).")
 
     # --- lifecycle ---

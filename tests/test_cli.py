@@ -72,3 +72,23 @@ def test_dockerfile_is_clean_under_hadolint():
     run = subprocess.run([hadolint, str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
 
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_readme_documents_every_setting():
+    from predictor.config import Settings
+
+    readme = (ROOT / "README.md").read_text()
+
+    missing = [name.upper() for name in Settings.model_fields if f"`{name.upper()}`" not in readme]
+    assert not missing, f"README's configuration table lacks {missing}"
+
+
+def test_readme_documents_every_metric():
+    import predictor.metrics as metrics
+    from prometheus_client.metrics import MetricWrapperBase
+
+    readme = (ROOT / "README.md").read_text()
+    names = [m._name for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
+
+    missing = [n for n in names if n not in readme]
+    assert names and not missing, f"README's metrics table lacks {missing}"
