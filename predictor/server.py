@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from grpc import StatusCode, aio
 from opentelemetry import trace
-from kserve.errors import ModelNotFound, ModelNotReady
+from kserve.errors import ModelNotFound, ModelNotReady, ServerNotReady
 from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
 from kserve.protocol.infer_type import InferRequest
@@ -64,7 +64,7 @@ async def _http_error(_request: Request, exc: PredictorError) -> JSONResponse:
     return JSONResponse(status_code=exc.http_status, content={"error": exc.message})
 
 
-async def _not_ready(_request: Request, exc: ModelNotReady) -> JSONResponse:
+async def _not_ready(_request: Request, exc: ModelNotReady | ServerNotReady) -> JSONResponse:
     return JSONResponse(status_code=503, content={"error": str(exc)})
 
 
@@ -118,6 +118,18 @@ class _RequestMetrics:
                 metrics.ERRORS.labels(route, str(status)).inc()
 
 
+class _DataPlane(DataPlane):
+    """Server readiness is the models' readiness.
+
+    KServe answers /v2/health/ready (and gRPC ServerReady) `true` as soon as a custom predictor's
+    process runs, before any model is warm; a probe on it would send traffic to a cold pod.
+    """
+
+    async def ready(self) -> bool:
+        names = list(self.model_registry.get_models())
+        return bool(names) and all([await self.model_registry.is_model_ready(n) for n in names])
+
+
 # --- servers ---------------------------------------------------------------------------------
 class _Uvicorn(uvicorn.Server):
     """Uvicorn without its own signal handlers: the drain below owns SIGTERM."""
@@ -151,6 +163,7 @@ class _RESTServer(RESTServer):
         app.add_exception_handler(PredictorError, _http_error)
         # KServe logs a traceback for every not-ready answer: one per probe during each cold start.
         app.add_exception_handler(ModelNotReady, _not_ready)
+        app.add_exception_handler(ServerNotReady, _not_ready)
 
 
 class _GRPCServer:
@@ -194,11 +207,6 @@ def add_routes(app: FastAPI, service: TTSService, settings: Settings, dataplane:
         if isinstance(encoded, bytes):
             return Response(encoded, headers=response_headers, media_type="application/octet-stream")
         return Response(orjson.dumps(encoded, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
-
-    @app.get("/v2/health/ready")
-    async def server_ready() -> JSONResponse:
-        # KServe answers true before any model is warm; a probe on this path must not pass early.
-        return JSONResponse({"ready": service.ready}, status_code=200 if service.ready else 503)
 
     @app.get("/v2/models/{model_name}")
     async def model_metadata(model_name: str) -> dict:
@@ -293,7 +301,7 @@ async def run(settings: Settings, cold_start: Future) -> None:
     model = TTSModel(settings.model_name, service)
     registry = ModelRepository()
     registry.update(model)
-    dataplane = DataPlane(model_registry=registry)
+    dataplane = _DataPlane(model_registry=registry)
     extension = ModelRepositoryExtension(model_registry=registry)
     rest = _RESTServer(
         service,

@@ -12,6 +12,7 @@ import time
 import boto3
 import httpx
 import pytest
+import tritonclient.grpc as triton_grpc
 
 from conftest import SECRET, aws_env_for, v2_request
 
@@ -37,13 +38,17 @@ def test_not_ready_until_warm_while_liveness_answers(start_predictor):
     codes = {path: predictor.get(path).status_code for path in READINESS_PATHS}
     infer = predictor.post("/v2/models/tts/infer", json=v2_request("Too early."))
     live = [predictor.get("/v2/health/live") for _ in range(10)]
+    grpc_client = triton_grpc.InferenceServerClient(predictor.grpc)
+    grpc_ready = (grpc_client.is_server_ready(), grpc_client.is_model_ready("tts"), grpc_client.is_server_live())
 
     assert "model ready" not in predictor.logs(), "warm-up finished before the checks; lengthen LONG_TEXT"
     assert codes == {path: 503 for path in READINESS_PATHS}
     assert infer.status_code == 503 and "not ready" in infer.json()["error"]
     assert all(r.status_code == 200 for r in live)
+    assert grpc_ready == (False, False, True)
     predictor.wait_ready()
     assert all(predictor.get(path).status_code == 200 for path in READINESS_PATHS)
+    assert grpc_client.is_server_ready() and grpc_client.is_model_ready("tts")
 
 
 def test_liveness_answers_during_a_long_synthesis(predictor):
