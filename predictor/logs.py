@@ -6,7 +6,8 @@ import json
 import logging
 import time
 
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# uvicorn adds color_message (an ANSI copy of msg) to its records.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -24,9 +25,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """For people at a terminal: the message, then the structured fields as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _STANDARD)
+        line = super().format(record)
+        return f"{line} {extras}" if extras else line
+
+
 def configure(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

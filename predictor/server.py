@@ -21,12 +21,14 @@ import contextlib
 import logging
 import signal
 import time
+import warnings
 from concurrent.futures import Future
 from typing import Any
 
 import orjson
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exceptions import FastAPIDeprecationWarning
 from fastapi.responses import JSONResponse, Response
 from grpc import StatusCode, aio
 from opentelemetry import trace
@@ -57,6 +59,10 @@ from predictor.errors import BadRequest, NotReady, PredictorError
 from predictor.service import TTSService
 
 log = logging.getLogger("predictor.server")
+
+# KServe's FastAPI app declares ORJSONResponse as its default response class, which FastAPI now
+# deprecates; the warning would land in every pod's log on its first request and says nothing to users.
+warnings.filterwarnings("ignore", category=FastAPIDeprecationWarning)
 
 
 # --- error mapping: the one place PredictorError meets HTTP and gRPC -------------------------
