@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from predictor.config import ConfigError, Settings, load_settings
+from predictor.config import ConfigError, load_settings
 
 log = logging.getLogger("predictor")
 

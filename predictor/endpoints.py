@@ -12,6 +12,7 @@ import io
 import math
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ import soundfile
 from google.protobuf.unknown_fields import UnknownFieldSet
 from kserve import Model
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-from kserve.protocol.infer_type import InferInput, InferOutput, InferRequest, InferResponse, RequestedOutput
+from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 from kserve.protocol.rest.v2_datamodels import InferenceRequest
 from pydantic import ValidationError
 
@@ -205,9 +206,110 @@ def parse_v1(body: Any) -> tuple[list[str], SynthesisParams]:
     return decode_texts(texts, "instances"), parse_params(body.get("parameters"), strings_allowed=False, extra_ok=set())
 
 
-# --- v2 through KServe -----------------------------------------------------------------------
+# --- v2 --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class V2Call:
+    """A decoded v2 request: what to synthesize and which outputs to answer with, in which form."""
+
+    request_id: str
+    texts: list[str]
+    params: SynthesisParams
+    outputs: list[tuple[str, bool]]  # (output name, send as raw/binary)
+
+
+def decode_v2(payload: InferRequest, binary_default: bool) -> V2Call:
+    """Texts, parameters and requested outputs from a v2 request (REST or gRPC)."""
+    requested = list(payload.request_outputs or [])
+    for r in requested:
+        if r.name not in OUTPUTS:
+            raise BadRequest(f"unknown output {r.name!r}; this model has {list(OUTPUTS)}")
+    if requested:
+        outputs = [(r.name, binary_default if r.binary_data is None else bool(r.binary_data)) for r in requested]
+    else:
+        outputs = [(name, binary_default) for name in OUTPUTS]
+    return V2Call(
+        request_id=payload.id or "",
+        texts=_texts(payload),
+        params=parse_params(payload.parameters, strings_allowed=payload.from_grpc),
+        outputs=outputs,
+    )
+
+
+def _texts(payload: InferRequest) -> list[str]:
+    if len(payload.inputs) != 1 or payload.inputs[0].name != "text":
+        names = [i.name for i in payload.inputs]
+        raise BadRequest(f"expected exactly one input named 'text', got {names}")
+    inp = payload.inputs[0]
+    if inp.datatype != "BYTES":
+        raise BadRequest(f"input 'text' must have datatype BYTES, got {inp.datatype}")
+    shape = list(inp.shape)
+    if len(shape) != 1 or shape[0] < 1:
+        raise BadRequest(f"input 'text' must have shape [N] with N >= 1, got {shape}")
+    try:
+        data = inp.as_numpy().reshape(-1)
+    except Exception as exc:  # KServe raises several types for malformed tensors
+        raise BadRequest(f"input 'text' cannot be read: {exc}") from None
+    if data.size != shape[0]:
+        raise BadRequest(f"input 'text' has shape {shape} but {data.size} elements")
+    return decode_texts(data.tolist())
+
+
+def _tensors(result: SynthesisResult) -> dict[str, tuple[np.ndarray, str, str]]:
+    """name -> (array, v2 datatype, gRPC typed-contents field)."""
+    audio, lengths = padded(result)
+    return {"audio": (audio, "FP32", "fp32_contents"), "audio_length": (lengths, "INT64", "int64_contents")}
+
+
+def encode_rest(call: V2Call, result: SynthesisResult, model_name: str) -> tuple[bytes, dict[str, str]]:
+    """The v2 REST response body and headers; binary outputs use the binary tensor data extension.
+
+    Built directly with orjson (numpy arrays serialized natively, float32 in shortest form): KServe's
+    InferResponse converts every sample to a Python float first, which costs tens of milliseconds for
+    a few seconds of audio.
+    """
+    tensors = _tensors(result)
+    outputs, raw = [], []
+    for name, binary in call.outputs:
+        array, datatype, _ = tensors[name]
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            blob = np.ascontiguousarray(array).tobytes()
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            raw.append(blob)
+        else:
+            entry["data"] = np.ascontiguousarray(array).reshape(-1)
+        outputs.append(entry)
+    header = orjson.dumps(
+        {"id": call.request_id, "model_name": model_name, "parameters": {"sample_rate": result.sample_rate}, "outputs": outputs},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+    if not raw:
+        return header, {"content-type": "application/json"}
+    return b"".join([header, *raw]), {"content-type": "application/octet-stream", BINARY_HEADER: str(len(header))}
+
+
+def encode_grpc(call: V2Call, result: SynthesisResult, model_name: str) -> pb.ModelInferResponse:
+    # gRPC has no per-output binary flag: raw_output_contents holds all outputs or none.
+    raw = all(binary for _, binary in call.outputs)
+    tensors = _tensors(result)
+    response = pb.ModelInferResponse(model_name=model_name, id=call.request_id)
+    response.parameters["sample_rate"].int64_param = result.sample_rate
+    for name, _ in call.outputs:
+        array, datatype, field = tensors[name]
+        out = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        if raw:
+            response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+        else:
+            getattr(out.contents, field).extend(array.reshape(-1).tolist())
+    return response
+
+
 class TTSModel(Model):
-    """The predictor as KServe sees it: v2 REST and gRPC infer land in `predict`."""
+    """The predictor as KServe's gRPC servicer sees it: ModelInfer lands in `predict`.
+
+    REST v2 infer is served by our own route (server.py), which skips KServe's InferResponse
+    conversion; KServe's only other REST infer path (with a model version) answers 501 before here.
+    """
 
     def __init__(self, name: str, service: TTSService):
         self.service = service
@@ -235,72 +337,8 @@ class TTSModel(Model):
     def validate(self, payload: Any) -> Any:
         return payload
 
-    async def predict(self, payload: InferRequest, headers: dict[str, str] | None = None) -> Any:
-        headers = headers or {}
-        texts = self._texts(payload)
-        params = parse_params(payload.parameters, strings_allowed=payload.from_grpc)
-        requested = self._requested(payload)
-        result = await self.service.synthesize(texts, params)
-        audio, lengths = padded(result)
-        if payload.from_grpc:
-            return self._grpc_response(payload, audio, lengths, result.sample_rate, requested)
-        binary = bool(payload.use_binary_outputs) or BINARY_HEADER in headers
-        outputs = [
-            InferOutput("audio", list(audio.shape), "FP32", data=audio),
-            InferOutput("audio_length", list(lengths.shape), "INT64", data=lengths),
-        ]
-        if requested:
-            requested = [
-                RequestedOutput(r.name, {"binary_data": binary if r.binary_data is None else bool(r.binary_data)})
-                for r in requested
-            ]
-        return InferResponse(
-            response_id=payload.id or "",
-            model_name=self.name,
-            infer_outputs=outputs,
-            parameters={"sample_rate": result.sample_rate},
-            use_binary_outputs=binary,
-            requested_outputs=requested or None,
-        )
-
-    @staticmethod
-    def _texts(payload: InferRequest) -> list[str]:
-        if len(payload.inputs) != 1 or payload.inputs[0].name != "text":
-            names = [i.name for i in payload.inputs]
-            raise BadRequest(f"expected exactly one input named 'text', got {names}")
-        inp = payload.inputs[0]
-        if inp.datatype != "BYTES":
-            raise BadRequest(f"input 'text' must have datatype BYTES, got {inp.datatype}")
-        shape = list(inp.shape)
-        if len(shape) != 1 or shape[0] < 1:
-            raise BadRequest(f"input 'text' must have shape [N] with N >= 1, got {shape}")
-        try:
-            data = inp.as_numpy().reshape(-1)
-        except Exception as exc:  # KServe raises several types for malformed tensors
-            raise BadRequest(f"input 'text' cannot be read: {exc}") from None
-        if data.size != shape[0]:
-            raise BadRequest(f"input 'text' has shape {shape} but {data.size} elements")
-        return decode_texts(data.tolist())
-
-    @staticmethod
-    def _requested(payload: InferRequest) -> list[RequestedOutput]:
-        requested = list(payload.request_outputs or [])
-        for r in requested:
-            if r.name not in OUTPUTS:
-                raise BadRequest(f"unknown output {r.name!r}; this model has {list(OUTPUTS)}")
-        return requested
-
-    def _grpc_response(self, payload, audio, lengths, sample_rate, requested) -> pb.ModelInferResponse:
-        raw = bool(payload.use_binary_outputs)
-        names = [r.name for r in requested] or list(OUTPUTS)
-        response = pb.ModelInferResponse(model_name=self.name, id=payload.id or "")
-        response.parameters["sample_rate"].int64_param = sample_rate
-        tensors = {"audio": (audio, "FP32", "fp32_contents"), "audio_length": (lengths, "INT64", "int64_contents")}
-        for name in names:
-            array, datatype, field = tensors[name]
-            out = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-            if raw:
-                response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
-            else:
-                getattr(out.contents, field).extend(array.reshape(-1).tolist())
-        return response
+    async def predict(self, payload: InferRequest, headers: dict[str, str] | None = None) -> pb.ModelInferResponse:
+        # Raw inputs get raw outputs (what Triton's client expects); typed inputs get typed contents.
+        call = decode_v2(payload, binary_default=bool(payload.use_binary_outputs))
+        result = await self.service.synthesize(call.texts, call.params)
+        return encode_grpc(call, result, self.name)

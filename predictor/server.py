@@ -51,6 +51,8 @@ from predictor.endpoints import (
     OUTPUT_METADATA,
     TTSModel,
     decode_binary_request,
+    decode_v2,
+    encode_rest,
     parse_inference_request,
     parse_v1,
     v1_predictions,
@@ -161,7 +163,7 @@ class _RESTServer(RESTServer):
 
     def _register_endpoints(self, app: FastAPI) -> None:
         # Registered before KServe's routes, so these win where paths coincide.
-        add_routes(app, self._service, self._settings, self.dataplane)
+        add_routes(app, self._service, self._settings)
         super()._register_endpoints(app)
 
     def _add_exception_handlers(self, app: FastAPI) -> None:
@@ -193,7 +195,7 @@ class _GRPCServer:
         await self._server.stop(grace=grace_s)
 
 
-def add_routes(app: FastAPI, service: TTSService, settings: Settings, dataplane: DataPlane) -> None:
+def add_routes(app: FastAPI, service: TTSService, settings: Settings) -> None:
     name = settings.model_name
 
     @app.post("/v2/models/{model_name}/infer")
@@ -204,15 +206,15 @@ def add_routes(app: FastAPI, service: TTSService, settings: Settings, dataplane:
         service.require_ready()
         body = await request.body()
         headers = {k.lower(): v for k, v in request.headers.items()}
-        if BINARY_HEADER in headers:
+        binary_in = BINARY_HEADER in headers
+        if binary_in:
             infer_request = decode_binary_request(body, headers[BINARY_HEADER], name)
         else:
             infer_request = InferRequest.from_inference_request(parse_inference_request(body), name)
-        response, _ = await dataplane.infer(name, infer_request, headers)
-        encoded, response_headers = dataplane.encode(name, response, headers, {})
-        if isinstance(encoded, bytes):
-            return Response(encoded, headers=response_headers, media_type="application/octet-stream")
-        return Response(orjson.dumps(encoded, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+        call = decode_v2(infer_request, binary_default=binary_in or bool(infer_request.use_binary_outputs))
+        result = await service.synthesize(call.texts, call.params)
+        content, response_headers = encode_rest(call, result, name)
+        return Response(content, headers=response_headers)
 
     @app.get("/v2/models/{model_name}")
     async def model_metadata(model_name: str) -> dict:
