@@ -13,12 +13,16 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from predictor import metrics, storage
-from predictor.artifact import Manifest
 from predictor.config import ConfigError, Settings
-from predictor.engine import Engine
-from predictor.errors import EngineError, IntegrityError, TransientStorageError
+
+# Everything heavier (boto3, numpy, the engine's packages) is imported on the cold-start threads, so
+# they start before the main thread pays for a single one of those imports.
+if TYPE_CHECKING:
+    from predictor.artifact import Manifest
+    from predictor.engine import Engine
+    from predictor.storage import FetchReport
 
 log = logging.getLogger("predictor.coldstart")
 
@@ -31,7 +35,7 @@ FETCH_ATTEMPTS = 3
 class ColdStart:
     engine: Engine
     manifest: Manifest
-    report: storage.FetchReport
+    report: FetchReport
     phases_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # phase -> (start, end), epoch ns
 
 
@@ -46,6 +50,7 @@ def begin(settings: Settings) -> Future:
 
 def _construct(settings: Settings) -> Engine:
     from predictor import engine
+    from predictor.errors import EngineError
 
     try:
         return engine.create(settings)
@@ -69,7 +74,10 @@ def _pipeline(settings: Settings, engine: Future) -> ColdStart:
     return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases)
 
 
-def fetch(settings: Settings) -> tuple[Manifest, storage.FetchReport]:
+def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
+    from predictor import metrics, storage
+    from predictor.errors import IntegrityError, TransientStorageError
+
     # Empty STORAGE_URI: the artifact is already in MODEL_DIR; it is still verified, never trusted.
     uri = settings.storage_uri or str(settings.model_dir)
     for attempt in range(1, FETCH_ATTEMPTS + 1):

@@ -46,7 +46,7 @@ class Settings(BaseSettings):
         0, ge=0, le=256, description="Intra-op threads; 0 = the container's CPU quota (cgroup), not host cores."
     )
     warmup_text: str = Field(
-        "Warming up the voice before the first request.", min_length=1, description="Synthesized before ready."
+        "Warming up the voice.", min_length=1, description="Synthesized before ready."
     )
     max_text_chars: int = Field(
         5_000, ge=1, description="Longest accepted text per item, characters (a whole response is held in memory)."

@@ -748,9 +748,10 @@ class Vits(nn.Module):
         b, t = phoneme_ids.shape
         x, m_p, logs_p, x_mask = self.enc_p(phoneme_ids, lengths)
         if noise is not None and "dp" in noise:
-            eps = self._check_noise(noise["dp"], (b, 2, t), "dp").to(device=x.device, dtype=torch.float32)
+            eps = self._check_noise(noise["dp"], (b, 2, t), "dp")
         else:
             eps = self._draw(generators, 2, lengths.tolist(), t)
+        eps = eps.to(device=x.device, dtype=x.dtype)
         logw = self.dp.reverse(x, x_mask, eps * noise_w)  # [B, 1, T]
         w = torch.exp(logw) * x_mask * length_scale
         w_ceil = torch.ceil(w)  # [B, 1, T]
@@ -807,9 +808,10 @@ class Vits(nn.Module):
 
         shape = (b, self.config.inter_channels, n_frames)
         if noise is not None and "prior" in noise:
-            eps = self._check_noise(noise["prior"], shape, "prior").to(device=m_p.device, dtype=torch.float32)
+            eps = self._check_noise(noise["prior"], shape, "prior")
         else:
             eps = self._draw(generators, self.config.inter_channels, y_lengths.tolist(), n_frames)
+        eps = eps.to(device=m_p.device, dtype=m_p.dtype)
         z_p = m_p + eps * torch.exp(logs_p) * noise_scale  # [B, inter, F]
 
         # Flow and generator in decoder_dtype; fp32 again for the caller.
