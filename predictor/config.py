@@ -34,7 +34,9 @@ class Settings(BaseSettings):
         "empty: MODEL_DIR must already hold a verified artifact.",
     )
     model_dir: Path = Field(Path("/mnt/models"), description="Where the artifact lands (the pod's emptyDir).")
-    fetch_concurrency: int = Field(8, ge=1, le=64, description="Parallel ranged GETs across all files.")
+    fetch_concurrency: int = Field(
+        16, ge=1, le=64, description="Parallel ranged GETs across all files (S3 gives ~90 MB/s per connection)."
+    )
     fetch_part_size_mib: int = Field(8, ge=1, le=1024, description="Bytes per ranged GET, MiB.")
     fetch_retries: int = Field(5, ge=0, le=20, description="Attempts per part after the first, on retryable errors.")
     fetch_backoff_s: float = Field(0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry.")
