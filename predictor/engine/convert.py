@@ -57,11 +57,11 @@ def _attrs(node) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _load_graph(onnx_path: str | Path):
+def _load_graph(onnx_model):
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(onnx_path))
+    model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
     graph = model.graph
     constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     for node in graph.node:
@@ -229,27 +229,26 @@ def _check_conv_attributes(vits: Vits, graph) -> None:
         module = modules.get(path)
         if not isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
             raise ConversionError(f"{node.name} has no convolution module {path} in Vits")
-        attrs = _attrs(node)
+        # ONNX defaults for absent attributes: stride 1, dilation 1, group 1, no padding.
+        attrs = {"strides": [1], "dilations": [1], "group": 1, "pads": [0, 0], **_attrs(node)}
         expected = {
             "kernel_shape": list(module.kernel_size),
             "strides": list(module.stride),
             "dilations": list(module.dilation),
             "group": module.groups,
-            "pads": list(module.padding) * 2,
+            "pads": list(module.padding) * 2,  # [begin, end]
         }
         for key, want in expected.items():
-            got = attrs.get(key, [1] if key in ("strides", "dilations") else (1 if key == "group" else None))
-            if key == "pads" and got is None:
-                got = [0, 0]
-            if got != want:
-                raise ConversionError(f"{node.name}: {key} {got} in the graph, {want} in {path}")
+            if attrs.get(key) != want:
+                raise ConversionError(f"{node.name}: {key} {attrs.get(key)} in the graph, {want} in {path}")
 
 
-def onnx_to_state_dict(onnx_path: str | Path) -> tuple[dict[str, torch.Tensor], VitsConfig]:
-    """Map the exported graph onto Vits' parameter names and infer its VitsConfig.
+def onnx_to_state_dict(onnx_path) -> tuple[dict[str, torch.Tensor], VitsConfig]:
+    """Map the exported graph (a path, or an onnx.ModelProto) onto Vits' parameter names and infer
+    its VitsConfig.
 
-    Raises ConversionError (or load_state_dict's RuntimeError) on any missing, unexpected or
-    mis-shaped tensor, or on a convolution whose attributes differ from the built module.
+    Raises ConversionError on any missing, unexpected or mis-shaped tensor, or on a convolution whose
+    attributes differ from the built module.
     """
     graph, constants = _load_graph(onnx_path)
     tensors = _collect_tensors(graph, constants)
@@ -260,7 +259,10 @@ def onnx_to_state_dict(onnx_path: str | Path) -> tuple[dict[str, torch.Tensor], 
     }
     vits = Vits(config)
     _check_conv_attributes(vits, graph)
-    vits.load_state_dict(state, strict=True)  # raises on missing / unexpected / mis-shaped keys
+    try:
+        vits.load_state_dict(state, strict=True)  # missing / unexpected / mis-shaped keys
+    except RuntimeError as exc:
+        raise ConversionError(f"the graph's tensors do not fit Vits: {exc}") from exc
     return state, config
 
 
@@ -281,7 +283,11 @@ def write_safetensors(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
 def load_vits(
     model_dir: str | Path, device: str | torch.device = "cpu", decoder_dtype: torch.dtype | None = None
 ) -> Vits:
-    """Build Vits from vits.json + model.safetensors (mmapped on CPU), strict load, eval mode."""
+    """Build Vits from vits.json + model.safetensors (mmapped on CPU), strict load, eval mode.
+
+    (Building on the meta device and assigning the loaded tensors would skip the ~0.15 s random
+    init, but torch's first meta-device construction costs ~2 s, so this copies.)
+    """
     from safetensors.torch import load_file
 
     model_dir = Path(model_dir)
