@@ -200,6 +200,27 @@ def test_restart_skips_verified_files(published_voice: str, s3_env: str, tmp_pat
     assert (report.files_skipped, report.files_downloaded, report.bytes_downloaded) == (3, 0, 0)
 
 
+def test_restart_in_the_same_pod_needs_no_network(
+    published_voice: str, s3_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    models = tmp_path / "models"
+    fetch(published_voice, models)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard port: nothing answers
+
+    manifest, report = fetch(published_voice, models)
+
+    assert manifest.name == "en_US-joe-medium"
+    assert (report.files_skipped, report.bytes_downloaded) == (3, 0)
+
+
+def test_another_uri_is_fetched_even_if_files_match(published_voice: str, s3_env: str, tmp_path: Path):
+    models = tmp_path / "models"
+    fetch(published_voice, models)
+
+    with pytest.raises(ArtifactNotFound):
+        fetch("s3://voices/somewhere-else", models)
+
+
 def test_restart_without_markers_rehashes_and_skips(published_voice: str, s3_env: str, tmp_path: Path):
     models = tmp_path / "models"
     fetch(published_voice, models)
