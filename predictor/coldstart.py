@@ -1,15 +1,19 @@
-"""Cold start as a pipeline on background threads, begun before the server's imports.
+"""Cold start as a pipeline begun before the server's imports.
 
-    thread "engine": construct the engine (onnxruntime import, device checks, espeak data)
-    thread "fetch":  fetch the artifact -> wait for the engine -> load -> warm-up
+    process "fetch":   fetch and verify the artifact (boto3, the network, sha256)
+    thread "engine":   construct the engine (onnxruntime import, device checks, espeak data)
+    thread "pipeline": wait for both -> load -> warm-up
 
-The server (imported meanwhile on the main thread) only waits for the result and flips readiness,
-so the download, the heavy imports and the engine setup all overlap.
+The server (imported meanwhile on the main thread) only waits for the result and flips readiness.
+The fetch runs in a forked process because its Python work (boto3's import and client setup,
+thousands of chunk writes) would otherwise queue for the GIL behind the server's imports; a process
+of its own runs on another core. The fork happens first, while this process has no other threads.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,11 +45,53 @@ class ColdStart:
 
 def begin(settings: Settings) -> Future:
     """Start cold start now; the future yields a ColdStart or raises (ConfigError means: exit)."""
+    fetching = _FetchProcess(settings)  # before any thread exists: forking is safe
     pool = ThreadPoolExecutor(2, thread_name_prefix="cold-start")
     engine = pool.submit(_construct, settings)
-    result = pool.submit(_pipeline, settings, engine)
+    result = pool.submit(_pipeline, settings, engine, fetching)
     pool.shutdown(wait=False)
     return result
+
+
+class _FetchProcess:
+    """fetch(settings) in a forked child; result() returns its (manifest, report) or raises its error."""
+
+    def __init__(self, settings: Settings):
+        context = multiprocessing.get_context("fork")
+        self._conn, child_end = context.Pipe(duplex=False)
+        self.started_ns = time.time_ns()
+        # daemon: if the predictor exits mid-download (SIGTERM), the download goes with it.
+        self._process = context.Process(target=_fetch_child, args=(settings, child_end), name="fetch", daemon=True)
+        self._process.start()
+        child_end.close()
+
+    def result(self) -> tuple[Manifest, FetchReport]:
+        from predictor.errors import StorageError
+
+        try:
+            status, value = self._conn.recv()
+        except EOFError:
+            self._process.join()
+            raise StorageError(f"the fetch process died (exit code {self._process.exitcode})") from None
+        finally:
+            self._conn.close()
+        self._process.join()
+        if status == "error":
+            raise value
+        return value
+
+
+def _fetch_child(settings: Settings, conn) -> None:
+    from predictor.errors import PredictorError, StorageError
+
+    try:
+        conn.send(("ok", fetch(settings)))
+    except PredictorError as exc:
+        conn.send(("error", exc))
+    except BaseException as exc:  # anything else may not pickle: keep its text
+        conn.send(("error", StorageError(f"fetch failed: {type(exc).__name__}: {exc}")))
+    finally:
+        conn.close()
 
 
 def _construct(settings: Settings) -> Engine:
@@ -65,9 +111,15 @@ def _timed(phases: dict, name: str, step):
     return value
 
 
-def _pipeline(settings: Settings, engine: Future) -> ColdStart:
+def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> ColdStart:
+    from predictor import metrics
+
     phases: dict[str, tuple[int, int]] = {}
-    manifest, report = _timed(phases, "fetch", lambda: fetch(settings))
+    manifest, report = fetching.result()
+    phases["fetch"] = (fetching.started_ns, time.time_ns())
+    metrics.FETCH_BYTES.inc(report.bytes_downloaded)
+    metrics.FETCH_FILES.labels("downloaded").inc(report.files_downloaded)
+    metrics.FETCH_FILES.labels("skipped").inc(report.files_skipped)
     eng: Engine = engine.result()
     _timed(phases, "load", lambda: eng.load(settings.model_dir))
     _timed(phases, "warmup", lambda: eng.warmup(settings.warmup_text))
@@ -75,7 +127,7 @@ def _pipeline(settings: Settings, engine: Future) -> ColdStart:
 
 
 def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
-    from predictor import metrics, storage
+    from predictor import storage
     from predictor.errors import IntegrityError, TransientStorageError
 
     # Empty STORAGE_URI: the artifact is already in MODEL_DIR; it is still verified, never trusted.
@@ -89,10 +141,7 @@ def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
                 part_size=settings.fetch_part_size,
                 retries=settings.fetch_retries,
                 backoff_s=settings.fetch_backoff_s,
-                on_bytes=metrics.FETCH_BYTES.inc,
             )
-            metrics.FETCH_FILES.labels("downloaded").inc(report.files_downloaded)
-            metrics.FETCH_FILES.labels("skipped").inc(report.files_skipped)
             return manifest, report
         except (TransientStorageError, IntegrityError) as exc:
             if attempt == FETCH_ATTEMPTS:
