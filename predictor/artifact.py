@@ -33,6 +33,9 @@ class ManifestFile(BaseModel):
     path: str = Field(description="POSIX path relative to the artifact root.")
     size: int = Field(ge=0, description="Bytes.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Lower-case hex digest.")
+    engines: list[str] | None = Field(
+        default=None, description="Engines that read this file; None = all. A pod fetches only its engine's files."
+    )
 
 
 class Manifest(BaseModel):
@@ -40,8 +43,12 @@ class Manifest(BaseModel):
 
     name: str
     version: str
-    engine: str = "piper-onnx"
+    engine: str = "piper-vits"  # model family; which engine reads which file is per file
     files: list[ManifestFile]
+
+    def files_for(self, engine: str | None) -> list[ManifestFile]:
+        """The files an engine needs (all of them when engine is None)."""
+        return [f for f in self.files if engine is None or f.engines is None or engine in f.engines]
 
     @classmethod
     def loads(cls, data: str | bytes, *, source: str = MANIFEST) -> Manifest:
@@ -171,15 +178,21 @@ def build_default_voice(out_dir: Path) -> Manifest:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sources = {
-        "model.onnx": Path(voice.model_path()),
+        "model.onnx": (Path(voice.model_path()), ["onnx"]),
         # The piper voice config (sample rate, espeak voice, inference defaults, phoneme map), unchanged.
-        "config.json": Path(voice.config_path()),
-        "MODEL_CARD": Path(voice.model_card_path()),
+        "config.json": (Path(voice.config_path()), None),
+        "MODEL_CARD": (Path(voice.model_card_path()), None),
     }
     files = []
-    for rel, src in sources.items():
+    for rel, (src, engines) in sources.items():
         size, digest = atomic_copy(src, safe_join(out_dir, rel))
-        files.append(ManifestFile(path=rel, size=size, sha256=digest))
+        files.append(ManifestFile(path=rel, size=size, sha256=digest, engines=engines))
+    # The torch engine's weights: the ONNX initializers as safetensors, plus the hyperparameters
+    # read from the graph (vits.json). Converted here, once, so a pod never needs onnx to start.
+    from predictor.engine.convert import write_safetensors
+
+    for path in write_safetensors(out_dir / "model.onnx", out_dir):
+        files.append(ManifestFile(path=path.name, size=path.stat().st_size, sha256=sha256_file(path), engines=["torch"]))
     manifest = Manifest(
         name=DEFAULT_VOICE_NAME, version=importlib.metadata.version(_VOICE_DIST), files=files
     )

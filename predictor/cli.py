@@ -75,6 +75,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             retries=settings.fetch_retries,
             backoff_s=settings.fetch_backoff_s,
             on_bytes=bar.update,
+            engine=args.engine,
         )
     print(
         f"{manifest.name}@{manifest.version}: {report.files_downloaded} downloaded, {report.files_skipped} already verified, "
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fetch", help="download and verify an artifact into DIR")
     p.add_argument("uri")
     p.add_argument("dir")
+    p.add_argument("--engine", choices=["torch", "onnx"], help="only the files this engine reads (default: all)")
 
     p = sub.add_parser("synth", help="synthesize one text offline to a WAV file")
     p.add_argument("--text", required=True)

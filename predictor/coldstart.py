@@ -141,6 +141,7 @@ def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
                 part_size=settings.fetch_part_size,
                 retries=settings.fetch_retries,
                 backoff_s=settings.fetch_backoff_s,
+                engine=settings.engine,
             )
             return manifest, report
         except (TransientStorageError, IntegrityError) as exc:

@@ -42,8 +42,19 @@ class Settings(BaseSettings):
     fetch_backoff_s: float = Field(0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry.")
 
     # --- engine ---
-    engine: Literal["onnx"] = Field("onnx", description="Synthesis engine.")
-    device: str = Field("cpu", description="cpu, cuda or cuda:N.")
+    engine: Literal["torch", "onnx"] = Field(
+        "torch", description="torch: our native PyTorch VITS; onnx: onnxruntime on the exported graph."
+    )
+    device: str = Field("cpu", description="cpu, cuda or cuda:N (CUDA_VISIBLE_DEVICES is honoured).")
+    dtype: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="Precision of the torch decoder (HiFi-GAN); text encoder, durations and flow stay fp32. "
+        "fp16 needs CUDA.",
+    )
+    compile: bool = Field(False, description="torch.compile the decoder during warm-up, before ready.")
+    gpu_memory_fraction: float = Field(
+        0.0, ge=0.0, le=1.0, description="Most of the GPU's memory this process may take (0 = no cap)."
+    )
     cpu_threads: int = Field(
         0, ge=0, le=256, description="Intra-op threads; 0 = the container's CPU quota (cgroup), not host cores."
     )

@@ -29,7 +29,7 @@ from predictor.engine import SynthesisParams
 from predictor.errors import BadRequest, NotReady
 from predictor.service import SynthesisResult, TTSService
 
-SYNTH_PARAMS = ("length_scale", "noise_scale", "noise_w", "voice")
+SYNTH_PARAMS = ("length_scale", "noise_scale", "noise_w", "voice", "seed")
 # Request parameters the v2 protocol and its clients (Triton's, KServe's) send on their own.
 PROTOCOL_PARAMS = {
     "binary_data_output", "binary_data", "binary_data_size", "headers",
@@ -80,6 +80,17 @@ def _number(name: str, value: Any, strings_allowed: bool) -> float:
     return float(value)
 
 
+def _integer(name: str, value: Any, strings_allowed: bool) -> int:
+    if isinstance(value, str) and strings_allowed:
+        try:
+            return int(value)
+        except ValueError:
+            raise BadRequest(f"parameter {name} must be an integer, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"parameter {name} must be an integer, got {value!r}")
+    return value
+
+
 def parse_params(raw: Mapping[str, Any] | None, *, strings_allowed: bool, extra_ok: set[str] = PROTOCOL_PARAMS) -> SynthesisParams:
     """Synthesis parameters from a request's parameter map; unknown names are refused."""
     values: dict[str, Any] = {}
@@ -87,6 +98,8 @@ def parse_params(raw: Mapping[str, Any] | None, *, strings_allowed: bool, extra_
         value = _plain(value)
         if name in ("length_scale", "noise_scale", "noise_w"):
             values[name] = _number(name, value, strings_allowed)
+        elif name == "seed":
+            values[name] = _integer(name, value, strings_allowed)
         elif name == "voice":
             if not isinstance(value, str) or not value:
                 raise BadRequest("parameter voice must be a non-empty string")

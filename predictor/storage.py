@@ -127,6 +127,7 @@ def fetch(
     progress: ByteCallback | None = None,
     on_bytes: ByteCallback | None = None,
     endpoint_url: str | None = None,
+    engine: str | None = None,
 ) -> tuple[Manifest, FetchReport]:
     """Make ``model_dir`` hold the verified artifact at ``uri``; returns its manifest and what was done.
 
@@ -134,15 +135,17 @@ def fetch(
     arrive (e.g. a tqdm bar and a metrics counter). Calls are serialized, so neither needs a lock.
     ``endpoint_url`` overrides AWS_ENDPOINT_URL. Retryable failures (connections, short bodies, 5xx,
     throttling) are retried ``retries`` times per part with exponential backoff starting at
-    ``backoff_s``, then raise TransientStorageError.
+    ``backoff_s``, then raise TransientStorageError. With ``engine``, only the files that engine
+    reads are fetched (the manifest's per-file ``engines``).
     """
     if concurrency < 1 or part_size < 1 or retries < 0 or backoff_s < 0:
         raise ValueError("concurrency and part_size must be >= 1, retries and backoff_s >= 0")
     started = time.monotonic()
     model_dir = Path(model_dir)
-    restarted = _verified_earlier(uri, model_dir)
+    restarted = _verified_earlier(uri, model_dir, engine)
     if restarted is not None:
-        report = FetchReport(len(restarted.files), 0, len(restarted.files), 0, time.monotonic() - started)
+        wanted = len(restarted.files_for(engine))
+        report = FetchReport(wanted, 0, wanted, 0, time.monotonic() - started)
         log.info("%s %s from %s is already in %s and verified; nothing to fetch",
                  restarted.name, restarted.version, uri, model_dir)
         return restarted, report
@@ -153,7 +156,7 @@ def fetch(
     where = source.describe(MANIFEST)
     manifest = Manifest.loads(policy.run(source.read_manifest), source=where)
     # Every path is checked before anything is written: a hostile manifest leaves no trace.
-    targets = resolve_files(manifest, model_dir)
+    targets = [(f, t) for f, t in resolve_files(manifest, model_dir) if f in manifest.files_for(engine)]
 
     try:
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -395,7 +398,7 @@ def _marker_fields(sha256: str, st: os.stat_result) -> dict:
             "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
 
 
-def _verified_earlier(uri: str, model_dir: Path) -> Manifest | None:
+def _verified_earlier(uri: str, model_dir: Path, engine: str | None) -> Manifest | None:
     """The artifact a previous container of this pod fetched from the same URI, if still intact.
 
     An emptyDir lives as long as its pod, and a pod's STORAGE_URI cannot change, so a container
@@ -412,6 +415,8 @@ def _verified_earlier(uri: str, model_dir: Path) -> Manifest | None:
     markers = _Markers(model_dir)
     try:
         for f, target in resolve_files(manifest, model_dir):
+            if f not in manifest.files_for(engine):
+                continue
             st = target.stat()
             if not stat.S_ISREG(st.st_mode) or not markers.matches(f, st):
                 return None

@@ -33,10 +33,22 @@ def test_publish_then_fetch_round_trip(s3_server, tmp_path):
 
     assert published.returncode == 0, published.stderr
     assert fetched.returncode == 0, fetched.stderr
-    assert "3 downloaded" in fetched.stdout
-    assert "0 downloaded, 3 already verified" in again.stdout
+    assert "5 downloaded" in fetched.stdout
+    assert "0 downloaded, 5 already verified" in again.stdout
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
     assert manifest["name"] == "en_US-joe-medium"
+
+
+def test_fetch_for_one_engine_skips_the_other_engines_weights(s3_server, tmp_path):
+    env = aws_env_for(s3_server)
+    cli("publish", "--to", "s3://cli-voices/joe-onnx", "--endpoint-url", s3_server, env=env)
+
+    fetched = cli("fetch", "s3://cli-voices/joe-onnx", str(tmp_path / "model"), "--engine", "onnx", env=env)
+
+    assert fetched.returncode == 0, fetched.stderr
+    assert "3 downloaded" in fetched.stdout
+    assert (tmp_path / "model" / "model.onnx").exists()
+    assert not (tmp_path / "model" / "model.safetensors").exists()
 
 
 def test_fetch_of_missing_artifact_fails_with_reason(s3_server, tmp_path):

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from predictor.config import Settings
 
 
+# Seeds of sentence k in a request are seed + k, and torch generators take 64-bit seeds.
+SEED_LIMIT = 2**62
+
+
 @dataclass(frozen=True)
 class SynthesisParams:
     """Per-request knobs; None means the voice's own default from its config."""
@@ -35,6 +39,7 @@ class SynthesisParams:
     noise_scale: float | None = None
     noise_w: float | None = None
     voice: str | None = None
+    seed: int | None = None  # None: fresh noise on every call
 
     # Inclusive bounds outside which VITS output is garbage or the request is a mistake.
     LIMITS = {"length_scale": (0.1, 5.0), "noise_scale": (0.0, 2.0), "noise_w": (0.0, 2.0)}
@@ -44,6 +49,8 @@ class SynthesisParams:
             value = getattr(self, name)
             if value is not None and not (lo <= value <= hi):
                 raise BadRequest(f"parameter {name}={value} is out of range [{lo}, {hi}]")
+        if self.seed is not None and not (0 <= self.seed < SEED_LIMIT):
+            raise BadRequest(f"parameter seed={self.seed} is out of range [0, 2**62)")
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class Engine(ABC):
     """A loaded voice on a device."""
 
     name: str
+    supports_seed: bool = False  # whether SynthesisParams.seed makes the noise reproducible
 
     @abstractmethod
     def load(self, model_dir: Path) -> None: ...
@@ -105,8 +113,20 @@ class Engine(ABC):
 
 def create(settings: "Settings") -> Engine:
     """Construct the configured engine without weights (device and imports checked here, at start)."""
+    if settings.engine == "torch":
+        from predictor.engine.native import TorchEngine
+
+        return TorchEngine(
+            device=settings.device,
+            dtype=settings.dtype,
+            threads=settings.threads(),
+            gpu_memory_fraction=settings.gpu_memory_fraction,
+            compile=settings.compile,
+        )
     if settings.engine == "onnx":
         from predictor.engine.onnx import OnnxEngine
 
+        if settings.dtype != "fp32" or settings.compile:
+            raise EngineError("DTYPE and COMPILE apply to ENGINE=torch only")
         return OnnxEngine(device=settings.device, threads=settings.threads())
     raise EngineError(f"unknown engine {settings.engine!r}")

@@ -1,0 +1,120 @@
+"""Piper/VITS voices on our own PyTorch graph (engine/vits.py), loaded from safetensors.
+
+Sentences of all texts in a request share padded batches (sorted by length, so padding stays
+small); every sentence comes back trimmed to its own duration sum x hop length and the sentences of
+each text are joined in order. A request's `seed` seeds one generator per sentence, so the audio is
+reproducible whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from predictor import device as devices
+from predictor import phonemes
+from predictor.engine import Engine, SynthesisParams, VoiceConfig
+from predictor.engine.convert import load_vits
+from predictor.engine.vits import Vits
+from predictor.errors import BadRequest, EngineError
+
+log = logging.getLogger("predictor.engine.native")
+
+# Sentences per forward pass. Sorting by length keeps padding waste small; the cap bounds activation
+# memory (the generator's buffers grow with batch x frames x 256).
+MAX_SENTENCES_PER_BATCH = 16
+
+
+class TorchEngine(Engine):
+    name = "torch"
+    supports_seed = True
+
+    def __init__(self, device: str, dtype: str, threads: int, gpu_memory_fraction: float, compile: bool):
+        self.plan = devices.plan(device, dtype, threads, gpu_memory_fraction)
+        self._compile = compile
+        self._model: Vits | None = None
+        self._voice: VoiceConfig | None = None
+        phonemes.prepare()
+
+    def load(self, model_dir: Path) -> None:
+        manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
+        self._voice = VoiceConfig.read(model_dir, manifest["name"])
+        try:
+            model = load_vits(model_dir, device=self.plan.device, decoder_dtype=self.plan.decoder_dtype)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise EngineError(f"cannot load the torch VITS weights from {model_dir}: {exc}") from exc
+        if self._compile:
+            # Frame counts vary per request: compile once for dynamic lengths, never per new length.
+            model.dec = torch.compile(model.dec, dynamic=True)
+        self._model = model
+
+    def warmup(self, text: str) -> None:
+        # Two lengths: the second makes torch.compile (if on) settle on its dynamic-shape graph and
+        # lets oneDNN/cuDNN pick kernels for more than one size before the first user arrives.
+        quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0, seed=0)
+        self.synthesize([text], quiet)
+        self.synthesize([f"{text} {text}"], quiet)
+
+    @property
+    def voice(self) -> VoiceConfig:
+        if self._voice is None:
+            raise EngineError("engine used before load()")
+        return self._voice
+
+    @property
+    def sample_rate(self) -> int:
+        return self.voice.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        return [self.voice.name]
+
+    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+        voice = self.voice
+        if params.voice is not None and params.voice not in self.voices:
+            raise BadRequest(f"unknown voice {params.voice!r}; this model serves {self.voices}")
+        # (text index, phoneme ids) for every sentence, in reading order.
+        sentences = [
+            (i, ids)
+            for i, text in enumerate(texts)
+            for ids in phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map)
+        ]
+        audio: list[np.ndarray | None] = [None] * len(sentences)
+        order = sorted(range(len(sentences)), key=lambda k: len(sentences[k][1]), reverse=True)
+        for start in range(0, len(order), MAX_SENTENCES_PER_BATCH):
+            batch = order[start : start + MAX_SENTENCES_PER_BATCH]
+            for k, pcm in zip(batch, self._run([sentences[k][1] for k in batch], batch, params)):
+                audio[k] = pcm
+        out: list[list[np.ndarray]] = [[] for _ in texts]
+        for (i, _), pcm in zip(sentences, audio):
+            out[i].append(pcm)
+        return [np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32) for parts in out]
+
+    def _run(self, batch_ids: list[list[int]], positions: list[int], params: SynthesisParams) -> list[np.ndarray]:
+        assert self._model is not None
+        voice, device = self.voice, self.plan.device
+        lengths = torch.tensor([len(ids) for ids in batch_ids], dtype=torch.long)
+        ids = torch.zeros((len(batch_ids), int(lengths.max())), dtype=torch.long)  # [B, T], 0 = pad
+        for row, seq in zip(ids, batch_ids):
+            row[: len(seq)] = torch.tensor(seq, dtype=torch.long)
+        generators = None
+        if params.seed is not None:
+            # Seeded by the sentence's position in the request, not in the batch: reproducible alone or batched.
+            generators = [torch.Generator(device=device).manual_seed(params.seed + k) for k in positions]
+        with torch.inference_mode():
+            result = self._model.infer(
+                ids.to(device),
+                lengths.to(device),
+                noise_scale=voice.noise_scale if params.noise_scale is None else params.noise_scale,
+                length_scale=voice.length_scale if params.length_scale is None else params.length_scale,
+                noise_w=voice.noise_w if params.noise_w is None else params.noise_w,
+                generator=generators,
+            )
+            audio = result.audio.float().clamp_(-1.0, 1.0).cpu().numpy()  # [B, S]
+            n = result.audio_lengths.cpu().tolist()
+        return [audio[row, : n[row]].copy() for row in range(len(batch_ids))]
