@@ -99,7 +99,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="tts-synth-") as tmp:
         model_dir = Path(args.model_dir) if args.model_dir else Path(tmp)
         if args.storage_uri:
-            storage.fetch(args.storage_uri, model_dir, concurrency=settings.fetch_concurrency, part_size=settings.fetch_part_size)
+            storage.fetch(
+                args.storage_uri, model_dir, concurrency=settings.fetch_concurrency,
+                part_size=settings.fetch_part_size, engine=settings.engine,
+            )  # fmt: skip
         elif not args.model_dir:
             from predictor import artifact
 
@@ -107,8 +110,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
         eng = engines.create(settings)
         eng.load(model_dir)
         params = SynthesisParams(
-            length_scale=args.length_scale, noise_scale=args.noise_scale, noise_w=args.noise_w, voice=args.voice
-        )
+            length_scale=args.length_scale, noise_scale=args.noise_scale, noise_w=args.noise_w,
+            voice=args.voice, seed=args.seed,
+        )  # fmt: skip
         (audio,) = eng.synthesize([args.text], params)
     out = Path(args.out)
     part = out.with_name(f".{out.name}.part")
@@ -134,16 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir")
     p.add_argument("--engine", choices=["torch", "onnx"], help="only the files this engine reads (default: all)")
 
-    p = sub.add_parser("synth", help="synthesize one text offline to a WAV file")
+    p = sub.add_parser("synth", help="synthesize one text offline to a float WAV file, as the model produced it (not normalized)")
     p.add_argument("--text", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--model-dir", help="an artifact dir (default: the packaged voice)")
     p.add_argument("--storage-uri", help="fetch the artifact from here first")
-    p.add_argument("--engine", choices=["onnx"])
+    p.add_argument("--engine", choices=["torch", "onnx"], help="default: ENGINE, else torch")
     p.add_argument("--length-scale", type=float)
     p.add_argument("--noise-scale", type=float)
     p.add_argument("--noise-w", type=float)
     p.add_argument("--voice")
+    p.add_argument("--seed", type=int, help="reproducible noise (torch engine)")
     return parser
 
 

@@ -37,6 +37,8 @@ V2_CASES = {
     "length_scale out of range": (v2_request("Hello.", length_scale=50), "length_scale"),
     "noise_scale not a number": (v2_request("Hello.", noise_scale="loud"), "noise_scale"),
     "unknown voice": (v2_request("Hello.", voice="nobody"), "nobody"),
+    "negative seed": (v2_request("Hello.", seed=-1), "seed"),
+    "fractional seed": (v2_request("Hello.", seed=1.5), "seed"),
     "unknown output": ({**v2_request("Hello."), "outputs": [{"name": "spectrogram"}]}, "spectrogram"),
     "not a v2 request": ({"instances": [{"text": "hi"}]}, "inputs"),
 }

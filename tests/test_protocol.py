@@ -223,3 +223,27 @@ def test_cloudevent_structured_mode_round_trip(predictor):
     reply = response.json()
     assert reply["type"] != EVENT_TYPE and reply["inreplyto"] == "evt-structured-1"
     assert reply["data"]["sample_rate"] == 22050 and reply["data"]["audio_seconds"] > 1
+
+
+# --- engines and seeds -----------------------------------------------------------------------
+def test_seed_reproduces_noisy_audio_over_rest_and_grpc(predictor):
+    seeded = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, seed=42)).json()
+    again = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, seed=42)).json()
+    audio, lengths = grpc_typed_infer(predictor.grpc, SENTENCE, {"seed": "42"})
+
+    np.testing.assert_array_equal(audio_of(seeded), audio_of(again))
+    np.testing.assert_array_equal(audio[0, : int(lengths[0])], audio_of(seeded))
+
+
+def test_onnx_engine_serves_the_same_speech(start_predictor, predictor):
+    onnx = start_predictor(ENGINE="onnx")
+
+    ours = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
+    reference = onnx.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
+    seeded = onnx.post("/v2/models/tts/infer", json=v2_request(SENTENCE, seed=1))
+
+    assert onnx.get("/v2/models/tts").json()["platform"] == "onnx"
+    assert len(audio_of(ours)) == len(audio_of(reference))
+    assert np.abs(audio_of(ours) - audio_of(reference)).max() <= 1e-3
+    assert seeded.status_code == 400 and "ENGINE=torch" in seeded.json()["error"]
+    assert onnx.stop() == 0

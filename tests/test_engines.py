@@ -1,0 +1,196 @@
+"""The two engines through the Engine interface, and the torch device/precision policy on this CPU.
+
+CUDA cannot exist on these machines; where a policy branch depends on it, torch.cuda's answers are
+replaced (and nothing else), so the decisions and error messages are still exercised.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from predictor import device as devices
+from predictor.config import ConfigError, load_settings
+from predictor.engine import SynthesisParams
+from predictor.engine.native import TorchEngine
+from predictor.engine.onnx import OnnxEngine
+from predictor.errors import BadRequest, EngineError
+
+QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
+TEXTS = ["Hi.", "The quick brown fox jumps over the lazy dog. Then it sleeps!", "Call 555-0100, ext. 42; ask for Dr. Smith."]
+
+
+@pytest.fixture(scope="module")
+def engines(voice_dir):
+    torch_engine = TorchEngine(device="cpu", dtype="fp32", threads=2, gpu_memory_fraction=0.0, compile=False)
+    torch_engine.load(voice_dir)
+    onnx_engine = OnnxEngine(device="cpu", threads=2)
+    onnx_engine.load(voice_dir)
+    return torch_engine, onnx_engine
+
+
+# --- engines ---------------------------------------------------------------------------------
+def test_torch_engine_matches_onnxruntime_without_noise(engines):
+    torch_engine, onnx_engine = engines
+
+    ours = torch_engine.synthesize(TEXTS, QUIET)
+    reference = onnx_engine.synthesize(TEXTS, QUIET)
+
+    for a, b in zip(ours, reference):
+        assert a.shape == b.shape  # same ceiled durations, so the same length
+        assert np.abs(a - b).max() <= 1e-3
+
+
+def test_texts_batched_together_equal_each_alone(engines):
+    torch_engine, _ = engines
+
+    together = torch_engine.synthesize(TEXTS, QUIET)
+    alone = [torch_engine.synthesize([t], QUIET)[0] for t in TEXTS]
+
+    for a, b in zip(together, alone):
+        assert a.shape == b.shape and np.abs(a - b).max() <= 5e-4
+
+
+def test_seed_makes_noise_reproducible(engines):
+    torch_engine, _ = engines
+
+    first = torch_engine.synthesize(TEXTS[1:2], SynthesisParams(seed=1234))[0]
+    again = torch_engine.synthesize(TEXTS[1:2], SynthesisParams(seed=1234))[0]
+    other = torch_engine.synthesize(TEXTS[1:2], SynthesisParams(seed=4321))[0]
+    fresh = torch_engine.synthesize(TEXTS[1:2], SynthesisParams())[0]
+
+    np.testing.assert_array_equal(first, again)
+    assert other.shape != first.shape or not np.array_equal(other, first)
+    assert fresh.shape != first.shape or not np.array_equal(fresh, first)
+
+
+def test_bf16_decoder_keeps_durations(voice_dir, engines):
+    fp32_engine, _ = engines
+    bf16_engine = TorchEngine(device="cpu", dtype="bf16", threads=2, gpu_memory_fraction=0.0, compile=False)
+    bf16_engine.load(voice_dir)
+
+    a = fp32_engine.synthesize(TEXTS[1:2], QUIET)[0]
+    b = bf16_engine.synthesize(TEXTS[1:2], QUIET)[0]
+
+    assert a.shape == b.shape  # durations run in fp32 whatever DTYPE says
+    assert np.corrcoef(a, b)[0, 1] > 0.99
+
+
+def test_unknown_voice_is_refused(engines):
+    torch_engine, _ = engines
+
+    with pytest.raises(BadRequest, match="nobody"):
+        torch_engine.synthesize(["Hello."], SynthesisParams(voice="nobody"))
+
+
+def test_cli_synth_files_match_across_engines(voice_dir, tmp_path):
+    outs = {}
+    for engine in ("torch", "onnx"):
+        outs[engine] = tmp_path / f"{engine}.wav"
+        run = subprocess.run(
+            [sys.executable, "-m", "predictor", "synth", "--engine", engine, "--model-dir", str(voice_dir),
+             "--noise-scale", "0", "--noise-w", "0", "--text", TEXTS[1], "--out", str(outs[engine])],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+
+    a, rate_a = soundfile.read(outs["torch"], dtype="float32")
+    b, rate_b = soundfile.read(outs["onnx"], dtype="float32")
+
+    assert rate_a == rate_b == 22050 and a.shape == b.shape
+    assert np.abs(a - b).max() <= 1e-3
+
+
+# --- device and precision policy -------------------------------------------------------------
+def test_cpu_plan_sets_threads():
+    plan = devices.plan("cpu", "fp32", threads=2)
+
+    assert plan.device == torch.device("cpu") and plan.decoder_dtype is torch.float32
+    assert torch.get_num_threads() == 2
+
+
+def test_bf16_on_cpu_is_allowed_fp16_is_not():
+    assert devices.plan("cpu", "bf16", threads=2).decoder_dtype is torch.bfloat16
+
+    with pytest.raises(EngineError, match="DTYPE=fp16 needs DEVICE=cuda"):
+        devices.plan("cpu", "fp16", threads=2)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_without_a_gpu_is_a_clear_start_up_error(device):
+    assert not torch.cuda.is_available()  # these machines have none; the test is about that case
+
+    with pytest.raises(EngineError, match=f"DEVICE={device} but torch sees no CUDA device"):
+        devices.plan(device, "fp32", threads=2)
+
+
+@pytest.fixture
+def two_fake_gpus(monkeypatch):
+    """torch.cuda answering as if two cards were visible; records what the plan asked of it."""
+    calls: dict[str, object] = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake T4")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("device", d))
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, i=None: calls.setdefault("fraction", (f, i))
+    )
+    return calls
+
+
+def test_cuda_plan_caps_memory_on_the_chosen_card(two_fake_gpus):
+    plan = devices.plan("cuda:1", "fp16", threads=2, gpu_memory_fraction=0.4)
+
+    assert plan.device == torch.device("cuda", 1) and plan.decoder_dtype is torch.float16
+    assert two_fake_gpus["fraction"] == (0.4, 1)
+    assert two_fake_gpus["device"] == torch.device("cuda", 1)
+
+
+def test_cuda_index_past_visible_cards_is_refused(two_fake_gpus):
+    with pytest.raises(EngineError, match="only 2 CUDA device"):
+        devices.plan("cuda:2", "fp32", threads=2)
+
+
+def test_bf16_on_a_card_without_it_is_refused(two_fake_gpus):
+    with pytest.raises(EngineError, match="no bf16 support"):
+        devices.plan("cuda", "bf16", threads=2)
+
+
+def test_no_memory_cap_unless_asked(two_fake_gpus):
+    devices.plan("cuda", "fp32", threads=2)
+
+    assert "fraction" not in two_fake_gpus
+
+
+@pytest.mark.parametrize(
+    "overrides, variable",
+    [({"dtype": "fp64"}, "DTYPE"), ({"gpu_memory_fraction": 1.5}, "GPU_MEMORY_FRACTION"), ({"engine": "tensorrt"}, "ENGINE")],
+)
+def test_invalid_engine_settings_name_the_variable(overrides, variable):
+    with pytest.raises(ConfigError, match=variable):
+        load_settings(**overrides)
+
+
+def test_onnx_engine_refuses_torch_only_settings():
+    from predictor import engine
+
+    with pytest.raises(EngineError, match="ENGINE=torch only"):
+        engine.create(load_settings(engine="onnx", dtype="bf16"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a lent GPU machine)")
+def test_cuda_engine_matches_cpu(voice_dir, engines):
+    cuda_engine = TorchEngine(device="cuda", dtype="fp32", threads=2, gpu_memory_fraction=0.5, compile=False)
+    cuda_engine.load(voice_dir)
+
+    a = cuda_engine.synthesize(TEXTS, QUIET)
+    b = engines[0].synthesize(TEXTS, QUIET)
+
+    for x, y in zip(a, b):
+        assert x.shape == y.shape and np.abs(x - y).max() <= 1e-3
