@@ -22,7 +22,7 @@ from types import FrameType
 
 from bench.common import REPO, Row, Session, SuiteResult, log
 
-SUITES = ("coldstart", "latency", "fetch")
+SUITES = ("coldstart", "latency", "engines", "fetch")
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
 
@@ -30,15 +30,32 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
     if name == "coldstart":
         from bench import coldstart
 
-        return coldstart.run(session)
+        return _merge([coldstart.run(session, engine) for engine in _engines(args)])
     if name == "latency":
         from bench import latency
 
-        return latency.run(session)
+        return _merge([latency.run(session, engine) for engine in _engines(args)])
+    if name == "engines":
+        from bench import engines
+
+        return engines.run(session, compiled=not args.no_compile)
     from bench import fetch
 
     return fetch.run(session, size_mib=args.fetch_mib, files=args.fetch_files, cap_mib_s=args.cap_mib_s,
                      concurrency=args.fetch_concurrency, part_size_mib=args.part_size_mib)
+
+
+def _engines(args: argparse.Namespace) -> list[str]:
+    return ["onnx", "torch"] if args.engine == "both" else [args.engine]
+
+
+def _merge(results: list[SuiteResult]) -> SuiteResult:
+    merged = SuiteResult()
+    for r in results:
+        merged.rows += r.rows
+        merged.notes += r.notes
+        merged.details[r.rows[0].suite if r.rows else str(len(merged.details))] = r.details
+    return merged
 
 
 def _run_with_retry(name: str, session: Session, args: argparse.Namespace) -> SuiteResult:
@@ -133,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap-mib-s", type=int, default=0, help="per-connection cap of the S3 proxy, MiB/s (default 20)")
     parser.add_argument("--fetch-concurrency", type=int, default=0, help="our fetch's connections (default: FETCH_CONCURRENCY's default)")
     parser.add_argument("--part-size-mib", type=int, default=0, help="our fetch's part size (default: FETCH_PART_SIZE_MIB's default)")
+    parser.add_argument("--engine", default="both", choices=("onnx", "torch", "both"),
+                        help="engine(s) for the coldstart and latency suites (default both)")
+    parser.add_argument("--no-compile", action="store_true", help="engines suite: skip torch.compile (slow to build)")
     args = parser.parse_args(argv)
     suites = SUITES if args.suite == "all" else (args.suite,)
 

@@ -13,24 +13,27 @@ import time
 from bench.common import PYTHON, Predictor, Row, Session, SuiteResult, child_env, log, median
 
 RUNS = 3
-FLOOR_IMPORTS = "kserve, kserve.model_server, onnxruntime, piper.phonemize_espeak, predictor.engine.onnx"
-FLOOR_CODE = (
-    "import time; t = time.perf_counter(); "
-    f"import {FLOOR_IMPORTS}; "
-    "print(time.perf_counter() - t)"
-)
+# What any KServe predictor running this engine must import before it can serve a request.
+FLOOR_IMPORTS = {
+    "onnx": "kserve, kserve.model_server, onnxruntime, piper.phonemize_espeak, predictor.engine.onnx",
+    "torch": "kserve, kserve.model_server, torch, safetensors.torch, piper.phonemize_espeak, predictor.engine.native",
+}
+
+
+def floor_code(engine: str) -> str:
+    return f"import time; t = time.perf_counter(); import {FLOOR_IMPORTS[engine]}; print(time.perf_counter() - t)"
 PHASES = ("fetch", "load", "warmup")
 
 
-def floor_once() -> tuple[float, float]:
+def floor_once(engine: str) -> tuple[float, float]:
     """(wall seconds of the whole subprocess, seconds spent in the imports as it reports them)."""
     start = time.perf_counter()
-    out = subprocess.run([PYTHON, "-c", FLOOR_CODE], env=child_env({}), capture_output=True, text=True, check=True)
+    out = subprocess.run([PYTHON, "-c", floor_code(engine)], env=child_env({}), capture_output=True, text=True, check=True)
     return time.perf_counter() - start, float(out.stdout.strip().splitlines()[-1])
 
 
-def predictor_once(session: Session, model_dir) -> dict:
-    p = Predictor(session, model_dir)
+def predictor_once(session: Session, model_dir, engine: str) -> dict:
+    p = Predictor(session, model_dir, ENGINE=engine)
     try:
         exec_to_ready = p.wait_ready()
         phases = p.cold_start_metrics()
@@ -52,21 +55,22 @@ def _summary(r: dict) -> str:
     return f"exec->ready {r['exec_to_ready_s']:.3f} s (" + ", ".join(f"{ph} {r[f'{ph}_s']:.3f}" for ph in PHASES) + ")"
 
 
-def run(session: Session) -> SuiteResult:
+def run(session: Session, engine: str = "onnx") -> SuiteResult:
     res = SuiteResult()
+    suite = f"coldstart/{engine}"
     _ = session.voice  # publish before timing anything: the upload is not part of a cold start
 
     # Untimed: bring interpreter, packages and model into the page cache, so run 1 is not an outlier.
-    floor_once()
+    floor_once(engine)
     # Rounds of (floor, cold, restart): each comparison is between runs minutes apart at most, so a
     # neighbour's load on this machine drifts into both sides rather than into one.
     floors, cold, restart = [], [], []
     for i in range(RUNS):
-        wall, imports = floor_once()
+        wall, imports = floor_once(engine)
         floors.append({"wall_s": wall, "imports_s": imports})
         model_dir = session.path("model")  # fresh emptyDir: the artifact is downloaded from S3
-        cold.append(predictor_once(session, model_dir))
-        restart.append(predictor_once(session, model_dir))  # same dir: verified files, fetch skips them
+        cold.append(predictor_once(session, model_dir, engine))
+        restart.append(predictor_once(session, model_dir, engine))  # same dir: verified files, fetch skips them
         log(f"round {i + 1}: floor {wall:.3f} s (imports {imports:.3f} s); "
             f"cold {_summary(cold[-1])}; restart {_summary(restart[-1])}")
 
@@ -75,18 +79,18 @@ def run(session: Session) -> SuiteResult:
     def med(runs: list[dict], key: str) -> float:
         return median([r[key] for r in runs if r[key] is not None])
 
-    res.rows.append(Row("coldstart", "floor: import kserve + engine pkgs (fresh interpreter)", floor, "s",
+    res.rows.append(Row(suite, "floor: import kserve + engine pkgs (fresh interpreter)", floor, "s",
                         note=f"median of {RUNS}; in-process imports {median([f['imports_s'] for f in floors]):.3f} s"))
     for label, runs in (("cold (download from S3)", cold), ("restart (files verified, fetch skips)", restart)):
         e2r = med(runs, "exec_to_ready_s")
         ratio = e2r / floor
-        res.rows.append(Row("coldstart", f"exec->ready, {label}", e2r, "s", "floor", floor, ratio,
+        res.rows.append(Row(suite, f"exec->ready, {label}", e2r, "s", "floor", floor, ratio,
                             goal="<= 1.2", met=ratio <= 1.2, note=f"median of {RUNS}"))
         for ph in PHASES:
             v = med(runs, f"{ph}_s")
-            res.rows.append(Row("coldstart", f"  phase {ph}", v, "s", "exec->ready", e2r, v / e2r,
+            res.rows.append(Row(suite, f"  phase {ph}", v, "s", "exec->ready", e2r, v / e2r,
                                 note="phases overlap the imports; share of exec->ready"))
     res.details = {"floor_runs": floors, "cold_runs": cold, "restart_runs": restart,
-                   "floor_imports": FLOOR_IMPORTS, "poll_interval_s": 0.01}
+                   "floor_imports": FLOOR_IMPORTS[engine], "poll_interval_s": 0.01}
     res.notes.append("cold fetch is from moto (a slow local S3); the fetch phase is shown separately above.")
     return res

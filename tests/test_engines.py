@@ -46,13 +46,31 @@ def test_torch_engine_matches_onnxruntime_without_noise(engines):
         assert np.abs(a - b).max() <= 1e-3
 
 
-def test_texts_batched_together_equal_each_alone(engines):
+@pytest.mark.parametrize("per_batch", [1, 16], ids=["one sentence per pass (CPU)", "padded batches (GPU)"])
+def test_texts_batched_together_equal_each_alone(engines, monkeypatch, per_batch):
+    from predictor.engine import native
+
     torch_engine, _ = engines
+    monkeypatch.setitem(native.SENTENCES_PER_BATCH, "cpu", per_batch)
 
     together = torch_engine.synthesize(TEXTS, QUIET)
     alone = [torch_engine.synthesize([t], QUIET)[0] for t in TEXTS]
 
     for a, b in zip(together, alone):
+        assert a.shape == b.shape and np.abs(a - b).max() <= 5e-4
+
+
+def test_seeded_audio_does_not_depend_on_batching(engines, monkeypatch):
+    from predictor.engine import native
+
+    torch_engine, _ = engines
+    seeded = SynthesisParams(seed=99)
+    one_by_one = torch_engine.synthesize(TEXTS, seeded)
+    monkeypatch.setitem(native.SENTENCES_PER_BATCH, "cpu", 16)
+
+    batched = torch_engine.synthesize(TEXTS, seeded)
+
+    for a, b in zip(one_by_one, batched):
         assert a.shape == b.shape and np.abs(a - b).max() <= 5e-4
 
 
