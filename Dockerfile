@@ -3,17 +3,20 @@
 #   CPU (default):  docker build -t tts-predictor .
 #   GPU:            docker build -t tts-predictor:cuda \
 #                     --build-arg RUNTIME_BASE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04 \
+#                     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 \
 #                     --build-arg ORT_PACKAGE=onnxruntime-gpu .
 ARG RUNTIME_BASE=python:3.11-slim-bookworm
 
 FROM python:3.11-slim-bookworm AS build
 ARG ORT_PACKAGE=onnxruntime
+# torch's own index: its CPU wheels are ~200 MB where the default Linux wheel brings GBs of CUDA.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY predictor ./predictor
 # Wheels for the package and every dependency, so the runtime stage installs offline and holds no
 # compiler, pip cache or source tree.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels . "${ORT_PACKAGE}"
+RUN pip wheel --no-cache-dir --wheel-dir /wheels --extra-index-url "${TORCH_INDEX_URL}" . "${ORT_PACKAGE}"
 
 FROM ${RUNTIME_BASE} AS runtime
 ARG ORT_PACKAGE=onnxruntime
