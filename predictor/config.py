@@ -113,22 +113,27 @@ class Settings(BaseSettings):
         return self.cpu_threads or container_cpus()
 
 
-def container_cpus() -> int:
-    """CPUs this container may use: the cgroup quota if set, else the affinity mask."""
+def container_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this container may use: its cgroup CPU quota (v2, then v1) if set, else the affinity mask.
+
+    A container sees every core of the host in os.cpu_count(); sizing thread pools by that on a
+    2-CPU pod of a 64-core node makes 64 threads fight over 2 CPUs' worth of quota.
+    """
+    affinity = len(os.sched_getaffinity(0))
     try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        quota, period = (cgroup / "cpu.max").read_text().split()
         if quota != "max":
-            return max(1, int(int(quota) // int(period)))
+            return max(1, min(affinity, int(quota) // int(period)))
     except (OSError, ValueError):
         pass
     try:
-        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        quota_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
         if quota_us > 0:
-            return max(1, quota_us // period_us)
+            return max(1, min(affinity, quota_us // period_us))
     except (OSError, ValueError):
         pass
-    return len(os.sched_getaffinity(0))
+    return affinity
 
 
 def load_settings(**overrides) -> Settings:
