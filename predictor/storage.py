@@ -50,7 +50,7 @@ MiB = 1024 * 1024
 VERIFIED_DIR = ".verified"
 SOURCE = "source.json"  # under VERIFIED_DIR: the URI the artifact in MODEL_DIR was fetched from
 # Unit of streaming: bounds memory per in-flight part and sets the progress granularity.
-_CHUNK = 256 * 1024
+_CHUNK = 1024 * 1024
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
               "ServiceUnavailable", "RequestLimitExceeded"}
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
