@@ -58,3 +58,17 @@ class UnsafePath(StorageError):
 
 class EngineError(PredictorError):
     """The engine could not load or synthesize."""
+
+
+class Overloaded(PredictorError):
+    """The queue is full, or the request waited in it past REQUEST_TIMEOUT_S: shed, don't queue forever."""
+
+    http_status = 503
+    grpc_status = StatusCode.UNAVAILABLE
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self):  # picklable with both arguments
+        return (type(self), (self.message, self.retry_after_s))

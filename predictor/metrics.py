@@ -24,6 +24,17 @@ REQUESTS = Counter("tts_requests", "Requests handled, by route template and stat
 ERRORS = Counter("tts_request_errors", "Requests answered with a status >= 400, by route and code.", ["route", "code"])
 IN_FLIGHT = Gauge("tts_in_flight_requests", "Synthesis requests admitted and not yet answered.")
 QUEUE_DEPTH = Gauge("tts_queue_depth", "Synthesis requests waiting for the engine.")
+QUEUE_WAIT_SECONDS = Histogram(
+    "tts_queue_wait_seconds",
+    "Time a request waited for the engine, seconds.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+BATCH_SIZE = Histogram("tts_batch_size", "Texts per engine call.", buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+REJECTED = Counter(
+    "tts_rejected_requests",
+    "Requests shed by the batcher (reason=queue_full|timeout|cancelled).",
+    ["reason"],
+)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 SYNTHESIS_SECONDS = Histogram(

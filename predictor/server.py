@@ -57,7 +57,7 @@ from predictor.endpoints import (
     parse_v1,
     v1_predictions,
 )
-from predictor.errors import BadRequest, NotReady, PredictorError
+from predictor.errors import BadRequest, NotReady, Overloaded, PredictorError
 from predictor.service import TTSService
 
 log = logging.getLogger("predictor.server")
@@ -69,7 +69,8 @@ warnings.filterwarnings("ignore", category=FastAPIDeprecationWarning)
 
 # --- error mapping: the one place PredictorError meets HTTP and gRPC -------------------------
 async def _http_error(_request: Request, exc: PredictorError) -> JSONResponse:
-    return JSONResponse(status_code=exc.http_status, content={"error": exc.message})
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    return JSONResponse(status_code=exc.http_status, content={"error": exc.message}, headers=headers)
 
 
 async def _not_ready(_request: Request, exc: ModelNotReady | ServerNotReady) -> JSONResponse:

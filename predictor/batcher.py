@@ -1,0 +1,151 @@
+"""A bounded queue in front of the engine, drained by the one thread that owns the engine.
+
+Requests are admitted or refused at once: when MAX_QUEUE requests already wait, the next gets
+Overloaded (503 + Retry-After over REST, UNAVAILABLE over gRPC) instead of a place in an unbounded
+queue that ends in timeouts or OOM. A request still waiting after REQUEST_TIMEOUT_S is dropped before
+it costs engine time; so is one whose caller went away (its future was cancelled).
+
+Compatible requests (same synthesis parameters, no seed) are merged into one engine call of up to
+MAX_BATCH_SIZE texts; the first waits at most MAX_BATCH_DELAY_MS for companions. Seeded requests run
+alone, so a seed always sees the same sentence positions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from predictor import metrics
+from predictor.engine import SynthesisParams
+from predictor.errors import Overloaded
+
+log = logging.getLogger("predictor.batcher")
+
+RunBatch = Callable[[Sequence[str], SynthesisParams], list[np.ndarray]]
+
+
+@dataclass(eq=False)
+class _Job:
+    texts: list[str]
+    params: SynthesisParams
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.monotonic)
+
+    def mergeable_with(self, other: "_Job") -> bool:
+        return self.params.seed is None and self.params == other.params
+
+    def resolve(self, result: tuple[list[np.ndarray], float] | None = None, error: BaseException | None = None) -> None:
+        def settle() -> None:
+            if self.future.done():  # cancelled by a caller that went away
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+
+        self.loop.call_soon_threadsafe(settle)
+
+
+class Batcher:
+    def __init__(self, run_batch: RunBatch, *, max_batch_size: int, max_delay_s: float, max_queue: int, timeout_s: float):
+        self._run_batch = run_batch
+        self._max_batch_size = max_batch_size
+        self._max_delay_s = max_delay_s
+        self._max_queue = max_queue
+        self._timeout_s = timeout_s
+        self._queue: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._job_seconds = 1.0  # moving average of engine time per call: sizes Retry-After
+        self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, texts: list[str], params: SynthesisParams) -> asyncio.Future:
+        """Queue a request (called on the event loop).
+
+        The future resolves to (one array per text, engine seconds of the call that made them).
+        """
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if len(self._queue) >= self._max_queue:
+                metrics.REJECTED.labels("queue_full").inc()
+                retry = max(1, math.ceil(len(self._queue) * self._job_seconds))
+                raise Overloaded(f"the queue is full ({self._max_queue} requests waiting); retry later", retry)
+            job = _Job(texts=texts, params=params, future=loop.create_future(), loop=loop)
+            self._queue.append(job)
+            metrics.QUEUE_DEPTH.set(len(self._queue))
+            self._cond.notify()
+        return job.future
+
+    # --- the engine thread -----------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            batch = self._next_batch()
+            texts = [t for job in batch for t in job.texts]
+            metrics.BATCH_SIZE.observe(len(texts))
+            start = time.monotonic()
+            try:
+                audio = self._run_batch(texts, batch[0].params)
+            except BaseException as exc:  # the engine's error belongs to the requests that ran
+                for job in batch:
+                    job.resolve(error=exc)
+                continue
+            elapsed = time.monotonic() - start
+            self._job_seconds = 0.8 * self._job_seconds + 0.2 * elapsed
+            offset = 0
+            for job in batch:
+                job.resolve(result=(audio[offset : offset + len(job.texts)], elapsed))
+                offset += len(job.texts)
+
+    def _next_batch(self) -> list[_Job]:
+        with self._cond:
+            first = self._take()
+            batch, size = [first], len(first.texts)
+            deadline = time.monotonic() + self._max_delay_s
+            while size < self._max_batch_size and first.params.seed is None:
+                companion = next(
+                    (j for j in self._queue if j.mergeable_with(first) and size + len(j.texts) <= self._max_batch_size),
+                    None,
+                )
+                if companion is not None:
+                    self._queue.remove(companion)
+                    metrics.QUEUE_DEPTH.set(len(self._queue))
+                    if self._admit(companion):
+                        batch.append(companion)
+                        size += len(companion.texts)
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return batch
+
+    def _take(self) -> _Job:
+        """The oldest live job; expired and abandoned ones are resolved or skipped on the way."""
+        while True:
+            while not self._queue:
+                self._cond.wait()
+            job = self._queue.popleft()
+            metrics.QUEUE_DEPTH.set(len(self._queue))
+            if self._admit(job):
+                return job
+
+    def _admit(self, job: _Job) -> bool:
+        waited = time.monotonic() - job.enqueued
+        if job.future.cancelled():
+            metrics.REJECTED.labels("cancelled").inc()
+            return False
+        if waited > self._timeout_s:
+            metrics.REJECTED.labels("timeout").inc()
+            job.resolve(error=Overloaded(f"dropped after {waited:.1f} s in the queue (REQUEST_TIMEOUT_S)", 1))
+            return False
+        metrics.QUEUE_WAIT_SECONDS.observe(waited)
+        return True
