@@ -65,6 +65,13 @@ class Settings(BaseSettings):
         5_000, ge=1, description="Longest accepted text per item, characters (a whole response is held in memory)."
     )
     max_batch_items: int = Field(64, ge=1, description="Most texts in one v2 request (shape [N]).")
+    max_stream_text_chars: int = Field(
+        50_000, ge=1, description="Longest input of /v1/audio/speech, characters (synthesized segment by segment)."
+    )
+    max_segment_chars: int = Field(
+        300, ge=20, le=5000, description="Longest segment the speech route cuts a text into, characters."
+    )
+    crossfade_ms: float = Field(50.0, ge=0, le=500, description="Overlap between consecutive segments, ms.")
 
     # --- batcher: one engine thread behind a bounded queue ---
     max_batch_size: int = Field(

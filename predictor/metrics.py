@@ -36,6 +36,12 @@ REJECTED = Counter(
     ["reason"],
 )
 
+FIRST_PACKET_SECONDS = Histogram(
+    "tts_first_packet_seconds",
+    "From a speech request's arrival to its first audio leaving the synthesizer, seconds.",
+    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10),
+)
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 SYNTHESIS_SECONDS = Histogram(
     "tts_synthesis_seconds", "Engine time per request (all items), seconds.", buckets=_LATENCY_BUCKETS

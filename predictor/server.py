@@ -42,7 +42,7 @@ from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from kserve.protocol.rest.server import RESTServer
 
-from predictor import events, metrics, tracing
+from predictor import events, metrics, speech, tracing
 from predictor.coldstart import ColdStart
 from predictor.config import ConfigError, Settings
 from predictor.endpoints import (
@@ -198,6 +198,7 @@ class _GRPCServer:
 
 def add_routes(app: FastAPI, service: TTSService, settings: Settings) -> None:
     name = settings.model_name
+    app.include_router(speech.router(service, settings))
 
     @app.post("/v2/models/{model_name}/infer")
     async def v2_infer(model_name: str, request: Request) -> Response:

@@ -109,6 +109,11 @@ class TTSService:
                 raise BadRequest(
                     f"text[{i}] has {len(text)} characters; the limit is MAX_TEXT_CHARS={self.settings.max_text_chars}"
                 )
+        self.check_params(params)
+
+    def check_params(self, params: SynthesisParams) -> None:
+        self.require_ready()
+        assert self.engine is not None
         if params.seed is not None and not self.engine.supports_seed:
             raise BadRequest(f"parameter seed needs ENGINE=torch; ENGINE={self.engine.name} cannot seed its noise")
         if params.voice is not None and params.voice not in self.voices:
