@@ -9,7 +9,7 @@ VOICE_URI ?= s3://voices/en_US-joe-medium
 # moto accepts any credentials; these are placeholders, not secrets.
 AWS_ENV  := AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_DEFAULT_REGION=us-east-1 AWS_ENDPOINT_URL=$(S3_URL)
 
-.PHONY: install run test bench lint image clean
+.PHONY: install run test bench load lint image clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,16 @@ test: install
 
 bench: install
 	$(BIN)/python -m bench
+
+# Headless locust against a running server (`make run` elsewhere); CSV stats in bench/results/.
+USERS    ?= 16
+DURATION ?= 60s
+HOST     ?= http://127.0.0.1:8080
+load: install
+	@$(BIN)/python -c "import locust" 2>/dev/null || $(BIN)/pip install --quiet "locust>=2.20"
+	@mkdir -p bench/results
+	$(BIN)/locust -f bench/locustfile.py --headless -u $(USERS) -r $(USERS) -t $(DURATION) \
+	  --host $(HOST) --csv bench/results/load --only-summary
 
 lint: install
 	$(BIN)/hadolint Dockerfile

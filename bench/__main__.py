@@ -22,7 +22,7 @@ from types import FrameType
 
 from bench.common import REPO, Row, Session, SuiteResult, log
 
-SUITES = ("coldstart", "latency", "engines", "fetch")
+SUITES = ("coldstart", "latency", "engines", "serving", "fetch")
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
 
@@ -39,6 +39,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import engines
 
         return engines.run(session, compiled=not args.no_compile)
+    if name == "serving":
+        from bench import serving
+
+        return serving.run(session, chapter=not args.no_chapter)
     from bench import fetch
 
     return fetch.run(session, size_mib=args.fetch_mib, files=args.fetch_files, cap_mib_s=args.cap_mib_s,
@@ -153,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="both", choices=("onnx", "torch", "both"),
                         help="engine(s) for the coldstart and latency suites (default both)")
     parser.add_argument("--no-compile", action="store_true", help="engines suite: skip torch.compile (slow to build)")
+    parser.add_argument("--no-chapter", action="store_true", help="serving suite: skip the 50,000-character text (minutes)")
     args = parser.parse_args(argv)
     suites = SUITES if args.suite == "all" else (args.suite,)
 

@@ -110,3 +110,32 @@ def test_bad_speech_requests_get_400_with_reason(predictor, body, reason):
 
     assert response.status_code == 400, response.text
     assert reason in response.json()["error"]
+
+
+def _peak_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def test_a_20000_character_text_streams_in_bounded_memory(start_predictor):
+    # onnxruntime: the faster CPU engine; the property under test is the route's, not the engine's.
+    predictor = start_predictor(ENGINE="onnx", CPU_THREADS="2", MAX_STREAM_TEXT_CHARS="25000")
+    text = ((TEN_SENTENCES + " ") * (20_000 // len(TEN_SENTENCES) + 1))[:20_000]
+
+    def stream(chars: int) -> tuple[httpx.Response, int]:
+        received = 0
+        with httpx.stream("POST", predictor.url + "/v1/audio/speech", timeout=1200,
+                          json={"model": "tts", "input": text[:chars], "response_format": "pcm", "stream": True}) as r:  # fmt: skip
+            for chunk in r.iter_bytes():
+                received += len(chunk)
+        return r, received
+
+    stream(2_000)  # the same route once with a short text: allocator, caches and buffers at steady state
+    before = _peak_rss_bytes(predictor.proc.pid)
+
+    response, received = stream(20_000)
+
+    growth = _peak_rss_bytes(predictor.proc.pid) - before
+    whole_audio_as_float32 = received * 2  # int16 on the wire
+    assert response.status_code == 200 and received > 22050 * 2 * 600  # over ten minutes of speech
+    assert growth < 0.25 * whole_audio_as_float32, f"peak RSS grew {growth / 2**20:.0f} MiB"
