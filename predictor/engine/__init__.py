@@ -111,6 +111,31 @@ class Engine(ABC):
         self.synthesize([text], SynthesisParams(noise_scale=0.0, noise_w=0.0))
 
 
+class PiperEngine(Engine):
+    """An engine for a Piper voice: the voice config comes from the artifact's config.json."""
+
+    _voice: VoiceConfig | None = None
+
+    def _read_voice(self, model_dir: Path) -> VoiceConfig:
+        manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
+        self._voice = VoiceConfig.read(model_dir, manifest["name"])
+        return self._voice
+
+    @property
+    def voice(self) -> VoiceConfig:
+        if self._voice is None:
+            raise EngineError("engine used before load()")
+        return self._voice
+
+    @property
+    def sample_rate(self) -> int:
+        return self.voice.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        return [self.voice.name, *self.voice.speakers]
+
+
 def create(settings: "Settings") -> Engine:
     """Construct the configured engine without weights (device and imports checked here, at start)."""
     if settings.engine == "torch":

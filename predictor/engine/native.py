@@ -8,7 +8,6 @@ to its own duration sum x hop length and the sentences of each text are joined i
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Sequence
@@ -18,7 +17,7 @@ import torch
 
 from predictor import device as devices
 from predictor import phonemes
-from predictor.engine import Engine, SynthesisParams, VoiceConfig
+from predictor.engine import PiperEngine, SynthesisParams
 from predictor.engine.convert import load_vits
 from predictor.engine.vits import Vits
 from predictor.errors import BadRequest, EngineError
@@ -32,7 +31,7 @@ log = logging.getLogger("predictor.engine.native")
 SENTENCES_PER_BATCH = {"cpu": 1, "cuda": 16}
 
 
-class TorchEngine(Engine):
+class TorchEngine(PiperEngine):
     name = "torch"
     supports_seed = True
 
@@ -40,12 +39,10 @@ class TorchEngine(Engine):
         self.plan = devices.plan(device, dtype, threads, gpu_memory_fraction)
         self._compile = compile
         self._model: Vits | None = None
-        self._voice: VoiceConfig | None = None
         phonemes.prepare()
 
     def load(self, model_dir: Path) -> None:
-        manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
-        self._voice = VoiceConfig.read(model_dir, manifest["name"])
+        self._read_voice(model_dir)
         try:
             model = load_vits(model_dir, device=self.plan.device, decoder_dtype=self.plan.decoder_dtype)
         except (OSError, ValueError, RuntimeError) as exc:
@@ -61,20 +58,6 @@ class TorchEngine(Engine):
         quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0, seed=0)
         self.synthesize([text], quiet)
         self.synthesize([f"{text} {text}"], quiet)
-
-    @property
-    def voice(self) -> VoiceConfig:
-        if self._voice is None:
-            raise EngineError("engine used before load()")
-        return self._voice
-
-    @property
-    def sample_rate(self) -> int:
-        return self.voice.sample_rate
-
-    @property
-    def voices(self) -> list[str]:
-        return [self.voice.name]
 
     def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         voice = self.voice

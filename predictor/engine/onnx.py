@@ -6,7 +6,6 @@ per-item durations, so items are run one sentence at a time; the native torch en
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -14,11 +13,11 @@ import numpy as np
 import onnxruntime
 
 from predictor import phonemes
-from predictor.engine import Engine, SynthesisParams, VoiceConfig
+from predictor.engine import PiperEngine, SynthesisParams
 from predictor.errors import BadRequest, EngineError
 
 
-class OnnxEngine(Engine):
+class OnnxEngine(PiperEngine):
     name = "onnx"
 
     def __init__(self, device: str, threads: int):
@@ -41,32 +40,16 @@ class OnnxEngine(Engine):
         # One request at a time runs through the graph; parallelism lives inside each operator.
         self._options.inter_op_num_threads = 1
         self._session: onnxruntime.InferenceSession | None = None
-        self._voice: VoiceConfig | None = None
         phonemes.prepare()
 
     def load(self, model_dir: Path) -> None:
-        manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
-        self._voice = VoiceConfig.read(model_dir, manifest["name"])
+        self._read_voice(model_dir)
         try:
             self._session = onnxruntime.InferenceSession(
                 str(model_dir / "model.onnx"), sess_options=self._options, providers=self._providers
             )
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise EngineError(f"cannot load {model_dir / 'model.onnx'}: {exc}") from exc
-
-    @property
-    def voice(self) -> VoiceConfig:
-        if self._voice is None:
-            raise EngineError("engine used before load()")
-        return self._voice
-
-    @property
-    def sample_rate(self) -> int:
-        return self.voice.sample_rate
-
-    @property
-    def voices(self) -> list[str]:
-        return [self.voice.name, *self.voice.speakers]
 
     def _speaker_id(self, voice: str | None) -> int | None:
         if voice is not None and voice != self.voice.name and voice not in self.voice.speakers:
