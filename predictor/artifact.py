@@ -12,8 +12,10 @@ import importlib.metadata
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -134,12 +136,14 @@ def temp_path_for(target: Path) -> Path:
     return target.with_name(f".{target.name}.part-{uuid.uuid4().hex[:12]}")
 
 
-def atomic_write_bytes(target: Path, data: bytes) -> None:
+@contextmanager
+def _atomic_file(target: Path) -> Iterator[BinaryIO]:
+    """A file handle whose contents appear at ``target`` only once complete and on disk."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(target)
     try:
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
@@ -148,26 +152,22 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
     fsync_dir(target.parent)
 
 
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    with _atomic_file(target) as fh:
+        fh.write(data)
+
+
 def atomic_copy(src: Path, target: Path, on_bytes: Callable[[int], None] | None = None) -> tuple[int, str]:
     """Copy ``src`` to ``target`` via a temp file and rename; returns (size, sha256) of what was copied."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(target)
     digest = hashlib.sha256()
     size = 0
-    try:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(_COPY_CHUNK):
-                digest.update(chunk)
-                fout.write(chunk)
-                size += len(chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
-            fout.flush()
-            os.fsync(fout.fileno())
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(target.parent)
+    with open(src, "rb") as fin, _atomic_file(target) as fout:
+        while chunk := fin.read(_COPY_CHUNK):
+            digest.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
     return size, digest.hexdigest()
 
 
