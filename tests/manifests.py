@@ -1,0 +1,687 @@
+"""Render and validate the deployment manifests offline: `make manifests`, `make validate`.
+
+There is no cluster here, so every claim about knative/ and keda/ is proven three ways:
+
+* Rendering: `kubectl kustomize` when kubectl is on PATH, else `render_kustomization`, a renderer for
+  the part of kustomize these manifests use (resources, components, namespace, nameSuffix, JSON 6902
+  patches). tests/test_manifests.py checks that the two agree wherever kubectl exists.
+* Schemas: CRD kinds against ../shared/schemas made strict (closed root, ObjectMeta checked, nodes
+  marked x-kubernetes-preserve-unknown-fields reopened); core kinds with kubernetes-validate in strict
+  mode; an unknown kind is an error.
+* Lints and cross-checks for what no schema expresses: annotation keys and values, KEDA trigger
+  metadata, the two scale-from-zero traps, probes, MODEL_DIR, event types, drain vs grace period.
+
+Usage: python -m tests.manifests render [--out DIR] | validate
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import referencing
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERLAYS = ("knative/overlays/cpu", "knative/overlays/gpu", "keda/overlays/cpu", "keda/overlays/gpu")
+# Our own schemas for kinds the shared catalog lacks (PrometheusRule).
+LOCAL_SCHEMAS = Path(__file__).resolve().parent / "schemas"
+# Core kinds are checked against this Kubernetes minor (kubernetes-validate's bundled schemas).
+KUBERNETES_VERSION = "1.31.0"
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+
+Obj = dict[str, Any]
+
+
+def schema_dir() -> Path:
+    """../shared/schemas beside the checkout (CI lays it there too); SCHEMA_DIR overrides."""
+    return Path(os.environ.get("SCHEMA_DIR", ROOT.parent / "shared" / "schemas"))
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+
+class RenderError(Exception):
+    pass
+
+
+@dataclass
+class _Resource:
+    obj: Obj
+    # The name the object was loaded with: kustomize matches patch targets against it too.
+    original_name: str = ""
+
+    def __post_init__(self) -> None:
+        self.original_name = self.original_name or self.obj["metadata"]["name"]
+
+
+def render(path: Path | str) -> list[Obj]:
+    """The objects of one kustomization, with kubectl when available."""
+    path = ROOT / path
+    if shutil.which("kubectl"):
+        return render_with_kubectl(path)
+    return render_kustomization(path)
+
+
+def render_with_kubectl(path: Path) -> list[Obj]:
+    result = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RenderError(f"kubectl kustomize {path}: {result.stderr.strip()}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def render_kustomization(path: Path) -> list[Obj]:
+    return [r.obj for r in _build(Path(path))]
+
+
+def _build(path: Path) -> list[_Resource]:
+    spec = _load_kustomization(path)
+    resources: list[_Resource] = []
+    for entry in spec.get("resources", []):
+        target = (path / entry).resolve()
+        if target.is_dir():
+            resources += _build(target)
+        else:
+            resources += [_Resource(copy.deepcopy(doc)) for doc in yaml.safe_load_all(target.read_text()) if doc]
+    for entry in spec.get("components", []):
+        component = (path / entry).resolve()
+        component_spec = _load_kustomization(component, kind="Component")
+        resources += _build_resources_only(component, component_spec)
+        _apply_patches(resources, component_spec, component)
+    _apply_patches(resources, spec, path)
+    for resource in resources:
+        meta = resource.obj["metadata"]
+        if spec.get("namePrefix") or spec.get("nameSuffix"):
+            meta["name"] = f"{spec.get('namePrefix', '')}{meta['name']}{spec.get('nameSuffix', '')}"
+        if spec.get("namespace") and resource.obj["kind"] not in CLUSTER_SCOPED:
+            meta["namespace"] = spec["namespace"]
+    return resources
+
+
+def _build_resources_only(path: Path, spec: Obj) -> list[_Resource]:
+    if spec.get("resources"):
+        raise RenderError(f"{path}: resources in a Component are not supported by this renderer")
+    return []
+
+
+SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "components", "patches", "namespace", "namePrefix", "nameSuffix"}
+
+
+def _load_kustomization(path: Path, kind: str = "Kustomization") -> Obj:
+    file = path / "kustomization.yaml"
+    if not file.is_file():
+        raise RenderError(f"{path}: no kustomization.yaml")
+    spec = yaml.safe_load(file.read_text()) or {}
+    if spec.get("kind", "Kustomization") != kind:
+        raise RenderError(f"{file}: expected kind {kind}, found {spec.get('kind')}")
+    unsupported = set(spec) - SUPPORTED_FIELDS
+    if unsupported:
+        # Refuse rather than silently render something kustomize would render differently.
+        raise RenderError(f"{file}: fields {sorted(unsupported)} are not supported by the fallback renderer")
+    return spec
+
+
+def _apply_patches(resources: list[_Resource], spec: Obj, base: Path) -> None:
+    for patch in spec.get("patches", []):
+        text = patch["patch"] if "patch" in patch else (base / patch["path"]).read_text()
+        operations = yaml.safe_load(text)
+        if not isinstance(operations, list):
+            raise RenderError(f"{base}: only JSON 6902 patches (a list of operations) are supported")
+        target = patch.get("target") or {}
+        unsupported = set(target) - {"group", "version", "kind", "name", "namespace", "annotationSelector"}
+        if unsupported:
+            raise RenderError(f"{base}: patch target fields {sorted(unsupported)} are not supported")
+        matched = [r for r in resources if _matches(r, target)]
+        if not matched:
+            raise RenderError(f"{base}: patch target {target} matches nothing")
+        for resource in matched:
+            for op in operations:
+                json_patch(resource.obj, op)
+
+
+def _matches(resource: _Resource, target: Obj) -> bool:
+    obj = resource.obj
+    group, _, version = obj["apiVersion"].rpartition("/")
+    checks = {
+        "group": group,
+        "version": version,
+        "kind": obj["kind"],
+        "namespace": obj["metadata"].get("namespace", ""),
+    }
+    for key, value in checks.items():
+        if key in target and not re.fullmatch(target[key], value):
+            return False
+    if "annotationSelector" in target:
+        # Only the equality form (key=value) is used here.
+        key, _, value = target["annotationSelector"].partition("=")
+        if obj["metadata"].get("annotations", {}).get(key) != value:
+            return False
+    if "name" in target:
+        names = (obj["metadata"]["name"], resource.original_name)
+        return any(re.fullmatch(target["name"], name) for name in names)
+    return True
+
+
+def json_patch(doc: Obj, op: Obj) -> None:
+    """Apply one RFC 6902 operation (add, replace, remove) in place."""
+    *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+    node: Any = doc
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    kind = op["op"]
+    if isinstance(node, list):
+        index = len(node) if last == "-" else int(last)
+        if kind == "add":
+            node.insert(index, copy.deepcopy(op["value"]))
+        elif kind == "replace":
+            node[index] = copy.deepcopy(op["value"])
+        elif kind == "remove":
+            del node[index]
+        else:
+            raise RenderError(f"unsupported JSON patch op {kind!r}")
+        return
+    if kind in ("replace", "remove") and last not in node:
+        raise RenderError(f"{kind} {op['path']}: no such field")
+    if kind in ("add", "replace"):
+        node[last] = copy.deepcopy(op["value"])
+    elif kind == "remove":
+        del node[last]
+    else:
+        raise RenderError(f"unsupported JSON patch op {kind!r}")
+
+
+def render_all() -> dict[str, list[Obj]]:
+    return {overlay: render(overlay) for overlay in OVERLAYS}
+
+
+# --- schemas --------------------------------------------------------------------------------------
+
+
+def describe(obj: Obj) -> str:
+    return f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}"
+
+
+def _group_version(obj: Obj) -> tuple[str, str]:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    return group, version
+
+
+def is_core(obj: Obj) -> bool:
+    group, _ = _group_version(obj)
+    return group == "" or "." not in group or group.endswith(".k8s.io")
+
+
+def schema_problems(obj: Obj) -> list[str]:
+    if not isinstance(obj.get("metadata"), dict) or not obj["metadata"].get("name"):
+        return ["metadata.name is missing"]
+    if is_core(obj):
+        return _core_problems(obj)
+    schema = crd_schema(*_group_version(obj), obj["kind"])
+    if schema is None:
+        return [f"unknown kind {obj['apiVersion']} {obj['kind']}: no schema to validate it against"]
+    validator = jsonschema.Draft202012Validator(schema, registry=_kubernetes_registry())
+    return [f"{_pointer(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)]
+
+
+def _core_problems(obj: Obj) -> list[str]:
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.SchemaNotFoundError:
+        return [f"unknown kind {obj['apiVersion']} {obj['kind']}: kubernetes-validate has no schema"]
+    except kubernetes_validate.ValidationError as exc:
+        return [f"{_pointer(exc.path)}: {exc.message}"]
+    return []
+
+
+def _pointer(path: Iterable[Any]) -> str:
+    return "/" + "/".join(str(p) for p in path)
+
+
+@cache
+def crd_schema(group: str, version: str, kind: str) -> Obj | None:
+    name = f"{group}/{kind.lower()}_{version}.json"
+    for directory in (schema_dir(), LOCAL_SCHEMAS):
+        file = directory / name
+        if file.is_file():
+            return strict_schema(json.loads(file.read_text()))
+    return None
+
+
+def strict_schema(schema: Obj) -> Obj:
+    """Make a catalog schema as strict as the API server where the catalog is open, and no stricter."""
+    schema = copy.deepcopy(schema)
+    _reopen_preserved(schema)
+    properties = schema.setdefault("properties", {})
+    # The root is open in the catalog: a typo like `specs:` would pass.
+    schema["additionalProperties"] = False
+    properties["metadata"] = _object_meta()
+    for name in ("apiVersion", "kind"):
+        properties.setdefault(name, {"type": "string"})
+    schema["required"] = sorted(set(schema.get("required", [])) | {"apiVersion", "kind", "metadata"})
+    return schema
+
+
+def _reopen_preserved(node: Any) -> None:
+    # The catalog's converter closed nodes that the API server keeps open (e.g. Trigger
+    # spec.delivery, where `timeout` is valid).
+    if isinstance(node, dict):
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            node.pop("additionalProperties", None)
+        for value in node.values():
+            _reopen_preserved(value)
+    elif isinstance(node, list):
+        for value in node:
+            _reopen_preserved(value)
+
+
+def _kubernetes_schema_dir() -> Path:
+    major_minor = ".".join(KUBERNETES_VERSION.split(".")[:2])
+    return Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{major_minor}.0-local-strict"
+
+
+@cache
+def _object_meta() -> Obj:
+    return json.loads((_kubernetes_schema_dir() / "objectmeta-meta-v1.json").read_text())
+
+
+@cache
+def _kubernetes_registry() -> referencing.Registry:
+    definitions = json.loads((_kubernetes_schema_dir() / "_definitions.json").read_text())
+    return referencing.Resource.from_contents(definitions) @ referencing.Registry()
+
+
+# --- lints: what the schemas leave open -----------------------------------------------------------
+
+_DURATION = r"[0-9]+(ms|s|m|h)"
+_NUMBER = r"[0-9]+(\.[0-9]+)?"
+# Annotation keys in the domains our manifests use, with the values each accepts; any other key in
+# these domains is a typo the API server would store and every controller would ignore.
+ANNOTATIONS: dict[str, str] = {
+    "serving.kserve.io/deploymentMode": "Serverless|Standard|RawDeployment",
+    "serving.kserve.io/autoscalerClass": "hpa|keda|external|none",
+    "autoscaling.knative.dev/class": "kpa.autoscaling.knative.dev|hpa.autoscaling.knative.dev",
+    "autoscaling.knative.dev/metric": "concurrency|rps|cpu|memory",
+    "autoscaling.knative.dev/target": _NUMBER,
+    "autoscaling.knative.dev/target-utilization-percentage": _NUMBER,
+    "autoscaling.knative.dev/initial-scale": "[0-9]+",
+    "autoscaling.knative.dev/min-scale": "[0-9]+",
+    "autoscaling.knative.dev/max-scale": "[0-9]+",
+    "autoscaling.knative.dev/scale-down-delay": _DURATION,
+    "autoscaling.knative.dev/scale-to-zero-pod-retention-period": _DURATION,
+    "autoscaling.knative.dev/window": _DURATION,
+    "eventing.knative.dev/broker.class": "MTChannelBasedBroker|Kafka",
+    "httpscaledobject.keda.sh/skip-scaledobject-creation": "true|false",
+}
+_CHECKED_DOMAINS = ("serving.kserve.io/", "autoscaling.knative.dev/", "eventing.knative.dev/", "keda.sh/")
+
+# KEDA's trigger metadata is map[string]string in the CRD: a misspelt key passes the schema and is
+# ignored by KEDA. These are the keys each scaler reads (KEDA 2.17 docs; HTTP add-on 0.14 for
+# external-push's httpScaledObject).
+TRIGGER_METADATA: dict[str, set[str]] = {
+    "prometheus": {
+        "serverAddress", "query", "threshold", "activationThreshold", "namespace", "customHeaders",
+        "ignoreNullValues", "unsafeSsl", "queryParameters", "authModes", "timeout",
+    },
+    "kafka": {
+        "bootstrapServers", "consumerGroup", "topic", "lagThreshold", "activationLagThreshold",
+        "offsetResetPolicy", "allowIdleConsumers", "scaleToZeroOnInvalidOffset", "excludePersistentLag",
+        "limitToPartitionsWithLag", "partitionLimitation", "version", "sasl", "tls",
+    },
+    "external-push": {"scalerAddress", "tlsCertFile", "caCert", "httpScaledObject"},
+}
+TRIGGER_REQUIRED: dict[str, set[str]] = {
+    "prometheus": {"serverAddress", "query", "threshold"},
+    "kafka": {"bootstrapServers", "consumerGroup", "topic"},
+    "external-push": {"scalerAddress"},
+}
+# Triggers whose signal exists while the target has no pods: only these can scale it from zero.
+WAKES_FROM_ZERO = {"external-push", "kafka"}
+
+
+def lint_problems(obj: Obj) -> list[str]:
+    problems = []
+    for key, value in (obj.get("metadata", {}).get("annotations") or {}).items():
+        if key in ANNOTATIONS:
+            if not re.fullmatch(ANNOTATIONS[key], str(value)):
+                problems.append(f"annotation {key}: {value!r} is not one of {ANNOTATIONS[key]}")
+        elif key.startswith(_CHECKED_DOMAINS):
+            problems.append(f"annotation {key} is unknown (typo?)")
+    if obj["kind"] == "InferenceService" and not is_serverless(obj):
+        # Knative-only knobs are silently ignored in Standard mode: the value someone tuned does nothing.
+        knative_only = [k for k in obj["metadata"].get("annotations", {}) if k.startswith("autoscaling.knative.dev/")]
+        knative_only += [k for k in ("containerConcurrency", "timeout") if k in obj["spec"]["predictor"]]
+        problems += [f"{k} has no effect outside Serverless mode" for k in knative_only]
+    if obj["kind"] == "ScaledObject":
+        for trigger in obj["spec"].get("triggers", []):
+            kind = trigger["type"]
+            if kind not in TRIGGER_METADATA:
+                problems.append(f"trigger type {kind!r} is not one this project lints")
+                continue
+            keys = set(trigger.get("metadata", {}))
+            for key in sorted(keys - TRIGGER_METADATA[kind]):
+                problems.append(f"{kind} trigger: unknown metadata key {key!r}")
+            for key in sorted(TRIGGER_REQUIRED[kind] - keys):
+                problems.append(f"{kind} trigger: missing metadata key {key!r}")
+    if obj["kind"] == "VirtualService":
+        for route in obj["spec"].get("http", []):
+            if "mirror" in route and "mirrors" in route:
+                problems.append("http route sets both mirror and mirrors (istiod rejects it)")
+            percent = route.get("mirrorPercentage", {}).get("value")
+            if percent is not None and not 0 <= percent <= 100:
+                problems.append(f"mirrorPercentage {percent} is outside 0-100")
+    return problems
+
+
+# --- cross-checks between objects, and with the predictor's settings ----------------------------
+
+
+@dataclass
+class Deployment:
+    """One rendered flavour, indexed for the cross-checks."""
+
+    objects: list[Obj]
+    by_kind: dict[str, list[Obj]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for obj in self.objects:
+            self.by_kind.setdefault(obj["kind"], []).append(obj)
+
+    def kind(self, kind: str) -> list[Obj]:
+        return self.by_kind.get(kind, [])
+
+    def named(self, kind: str, name: str) -> Obj | None:
+        return next((o for o in self.kind(kind) if o["metadata"]["name"] == name), None)
+
+
+def predictor_container(isvc: Obj) -> Obj:
+    return next(c for c in isvc["spec"]["predictor"]["containers"] if c["name"] == "kserve-container")
+
+
+def container_env(container: Obj) -> dict[str, str]:
+    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+def probes(container: Obj) -> dict[str, Obj]:
+    kinds = ("startupProbe", "readinessProbe", "livenessProbe")
+    return {kind: container[kind]["httpGet"] for kind in kinds if kind in container}
+
+
+def promql_expressions(deployment: Deployment) -> dict[str, str]:
+    """Every PromQL expression the manifests run: alert and recording rules, KEDA queries."""
+    found = {}
+    for rule_object in deployment.kind("PrometheusRule"):
+        for group in rule_object["spec"]["groups"]:
+            for rule in group["rules"]:
+                found[rule.get("record") or rule["alert"]] = str(rule["expr"])
+    for scaled in deployment.kind("ScaledObject"):
+        for trigger in scaled["spec"]["triggers"]:
+            if trigger["type"] == "prometheus":
+                found[f"{scaled['metadata']['name']}/{trigger.get('name', 'prometheus')}"] = trigger["metadata"]["query"]
+    return found
+
+
+def metric_names(expr: str) -> set[str]:
+    """Exported metric families an expression reads (tts_*, without the histogram/counter suffixes)."""
+    names = set(re.findall(r"\btts_[a-z0-9_]+", expr))
+    return {re.sub(r"_(bucket|sum|count|total|created)$", "", name) for name in names}
+
+
+def recorded_names(expr: str) -> set[str]:
+    return set(re.findall(r"\btts:[a-z0-9_:]+", expr))
+
+
+def is_serverless(isvc: Obj) -> bool:
+    return isvc["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode", "Serverless") == "Serverless"
+
+
+def _settings_defaults() -> dict[str, Any]:
+    from predictor.config import Settings
+
+    return {name: info.default for name, info in Settings.model_fields.items()}
+
+
+def _settings_problems(env: dict[str, str]) -> list[str]:
+    from pydantic import ValidationError
+
+    from predictor.config import Settings
+
+    known = {name.upper() for name in Settings.model_fields}
+    ours = {k.lower(): v for k, v in env.items() if k in known}
+    problems = [f"env {k} is not a predictor setting" for k in env if k not in known and k != "HOME" and not k.startswith("AWS_")]
+    try:
+        Settings(**ours)
+    except ValidationError as exc:
+        problems += [f"env {'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors()]
+    return problems
+
+
+def consistency_problems(deployment: Deployment) -> list[str]:
+    problems: list[str] = []
+    defaults = _settings_defaults()
+    isvcs = deployment.kind("InferenceService")
+    if not isvcs:
+        return ["no InferenceService"]
+    for isvc in isvcs:
+        where = describe(isvc)
+        predictor = isvc["spec"]["predictor"]
+        if "storageUri" in json.dumps(isvc) or "storageUris" in predictor:
+            problems.append(f"{where}: storageUri makes KServe inject its storage-initializer (a second download)")
+        container = predictor_container(isvc)
+        env = container_env(container)
+        problems += [f"{where}: {p}" for p in _settings_problems(env)]
+        model_dir = env.get("MODEL_DIR", str(defaults["model_dir"]))
+        mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+        volumes = {v["name"]: v for v in predictor.get("volumes", [])}
+        volume = volumes.get(mounts.get(model_dir, ""), {})
+        if "emptyDir" not in volume:
+            problems.append(f"{where}: MODEL_DIR {model_dir} is not the mountPath of an emptyDir")
+        elif "sizeLimit" not in volume["emptyDir"]:
+            problems.append(f"{where}: the model emptyDir has no sizeLimit")
+        ports = {p["containerPort"] for p in container.get("ports", [])}
+        for kind, probe in probes(container).items():
+            if probe.get("port") not in ports:
+                problems.append(f"{where}: {kind} port {probe.get('port')} is not a container port")
+        if container.get("readinessProbe", {}).get("httpGet", {}).get("path") == "/v2/health/live":
+            problems.append(f"{where}: readiness on the liveness path sends traffic to cold pods")
+        drain = float(env.get("DRAIN_TIMEOUT_S", defaults["drain_timeout_s"]))
+        # Knative sets the pod's grace period to the revision timeout.
+        grace = predictor.get("timeout") if is_serverless(isvc) else predictor.get("terminationGracePeriodSeconds", 30)
+        if grace is None or drain >= grace:
+            problems.append(f"{where}: DRAIN_TIMEOUT_S {drain} is not below the grace period {grace}")
+        security = container.get("securityContext", {})
+        wanted = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
+        for key, value in wanted.items():
+            if security.get(key) is not value:
+                problems.append(f"{where}: securityContext.{key} should be {value}")
+        if "ALL" not in security.get("capabilities", {}).get("drop", []):
+            problems.append(f"{where}: securityContext does not drop ALL capabilities")
+    problems += _eventing_problems(deployment, defaults)
+    problems += _mirror_problems(deployment)
+    problems += _keda_problems(deployment)
+    problems += _promql_problems(deployment)
+    return problems
+
+
+def _eventing_problems(deployment: Deployment, defaults: dict[str, Any]) -> list[str]:
+    problems = []
+    for trigger in deployment.kind("Trigger"):
+        where = describe(trigger)
+        accepted = defaults["ce_request_type"]
+        wanted = trigger["spec"].get("filter", {}).get("attributes", {}).get("type")
+        if wanted != accepted:
+            problems.append(f"{where}: filters on type {wanted!r}, the predictor accepts {accepted!r}")
+        if wanted == defaults["ce_reply_type"]:
+            problems.append(f"{where}: filters on the reply type: replies would loop back forever")
+        if not deployment.named("Broker", trigger["spec"]["broker"]):
+            problems.append(f"{where}: broker {trigger['spec']['broker']!r} is not deployed")
+        subscriber = trigger["spec"]["subscriber"]
+        ref = subscriber.get("ref", {})
+        if ref and not deployment.named(ref["kind"], ref["name"]):
+            problems.append(f"{where}: subscriber {ref['kind']} {ref['name']} is not deployed")
+        if not re.fullmatch(r"/v1/models/[a-z0-9-]+:predict", subscriber.get("uri", "")):
+            problems.append(f"{where}: subscriber uri {subscriber.get('uri')!r} is not the v1 predict path")
+        sink = trigger["spec"].get("delivery", {}).get("deadLetterSink", {}).get("ref")
+        if not sink:
+            problems.append(f"{where}: no deadLetterSink: events that exhaust their retries are lost")
+        elif not deployment.named(sink["kind"], sink["name"]):
+            problems.append(f"{where}: deadLetterSink {sink['kind']} {sink['name']} is not deployed")
+    return problems
+
+
+def can_scale_to_zero(deployment: Deployment, service_host: str) -> tuple[bool, str]:
+    """Whether the InferenceService behind `<isvc>-predictor[.ns.svc...]` may have zero pods."""
+    service = service_host.split(".")[0]
+    isvc = next((i for i in deployment.kind("InferenceService") if f"{i['metadata']['name']}-predictor" == service), None)
+    if isvc is None:
+        return True, f"no InferenceService serves {service_host}"
+    if isvc["spec"]["predictor"].get("minReplicas", 1) == 0:
+        return True, f"{describe(isvc)} has minReplicas 0"
+    for scaled in deployment.kind("ScaledObject"):
+        if scaled["spec"]["scaleTargetRef"]["name"] == service and scaled["spec"].get("minReplicaCount", 0) == 0:
+            return True, f"{describe(scaled)} scales it to zero"
+    return False, ""
+
+
+def _mirror_problems(deployment: Deployment) -> list[str]:
+    problems = []
+    for vs in deployment.kind("VirtualService"):
+        for route in vs["spec"].get("http", []):
+            for mirror in [route.get("mirror")] + [m.get("destination") for m in route.get("mirrors", [])]:
+                if not mirror:
+                    continue
+                zero, why = can_scale_to_zero(deployment, mirror["host"])
+                if zero:
+                    problems.append(f"{describe(vs)}: mirror target {mirror['host']} can scale to zero ({why}); "
+                                    "a mirrored request never wakes it")
+    return problems
+
+
+def _keda_problems(deployment: Deployment) -> list[str]:
+    problems = []
+    for scaled in deployment.kind("ScaledObject"):
+        where = describe(scaled)
+        target = scaled["spec"]["scaleTargetRef"]["name"]
+        isvc = next((i for i in deployment.kind("InferenceService") if f"{i['metadata']['name']}-predictor" == target), None)
+        if isvc is None:
+            problems.append(f"{where}: scales {target}, which no InferenceService creates")
+        elif isvc["metadata"].get("annotations", {}).get("serving.kserve.io/autoscalerClass") != "external":
+            problems.append(f"{where}: {describe(isvc)} is not autoscalerClass external; KServe's HPA would fight KEDA")
+        types = {t["type"] for t in scaled["spec"]["triggers"]}
+        if scaled["spec"].get("minReplicaCount", 0) == 0 and not types & WAKES_FROM_ZERO:
+            problems.append(f"{where}: minReplicaCount 0 but no trigger whose signal exists at zero pods "
+                            f"({', '.join(sorted(WAKES_FROM_ZERO))}); it would never scale up again")
+        for trigger in scaled["spec"]["triggers"]:
+            meta = trigger.get("metadata", {})
+            if trigger["type"] == "external-push" and "httpScaledObject" in meta:
+                http = deployment.named("HTTPScaledObject", meta["httpScaledObject"])
+                if http is None:
+                    problems.append(f"{where}: httpScaledObject {meta['httpScaledObject']!r} is not deployed")
+                elif http["metadata"].get("annotations", {}).get("httpscaledobject.keda.sh/skip-scaledobject-creation") != "true":
+                    problems.append(f"{where}: {describe(http)} would create a second ScaledObject for {target}")
+                elif http["spec"]["scaleTargetRef"]["name"] != target:
+                    problems.append(f"{where}: {describe(http)} routes to another Deployment")
+            if trigger["type"] == "kafka":
+                problems += _kafka_problems(deployment, where, meta)
+    return problems
+
+
+def _kafka_problems(deployment: Deployment, where: str, meta: dict[str, str]) -> list[str]:
+    # Knative's Kafka Broker names its topic and each Trigger's consumer group from these templates.
+    problems = []
+    brokers = {
+        f"knative-broker-{b['metadata']['namespace']}-{b['metadata']['name']}": b
+        for b in deployment.kind("Broker")
+        if b["metadata"].get("annotations", {}).get("eventing.knative.dev/broker.class") == "Kafka"
+    }
+    broker = brokers.get(meta.get("topic", ""))
+    if broker is None:
+        return [f"{where}: kafka topic {meta.get('topic')!r} is no Kafka Broker's topic ({sorted(brokers)})"]
+    groups = {
+        f"knative-trigger-{t['metadata']['namespace']}-{t['metadata']['name']}"
+        for t in deployment.kind("Trigger")
+        if t["spec"]["broker"] == broker["metadata"]["name"]
+    }
+    if meta.get("consumerGroup") not in groups:
+        problems.append(f"{where}: consumerGroup {meta.get('consumerGroup')!r} is no Trigger's group ({sorted(groups)})")
+    config_ref = broker.get("spec", {}).get("config", {})
+    config = deployment.named(config_ref.get("kind", "ConfigMap"), config_ref.get("name", ""))
+    if config is None:
+        problems.append(f"{where}: Broker {broker['metadata']['name']} has no config ConfigMap")
+    elif config["data"].get("bootstrap.servers") != meta.get("bootstrapServers"):
+        problems.append(f"{where}: bootstrapServers differs from the Broker's bootstrap.servers")
+    return problems
+
+
+def _promql_problems(deployment: Deployment) -> list[str]:
+    recorded = {r["record"] for o in deployment.kind("PrometheusRule") for g in o["spec"]["groups"] for r in g["rules"] if "record" in r}
+    problems = []
+    for name, expr in promql_expressions(deployment).items():
+        for used in sorted(recorded_names(expr) - recorded):
+            problems.append(f"{name}: reads {used}, which no recording rule defines")
+        if not metric_names(expr) and not recorded_names(expr):
+            problems.append(f"{name}: reads no tts_* metric")
+    return problems
+
+
+# --- entry points ---------------------------------------------------------------------------------
+
+
+def problems_of(objects: list[Obj]) -> Iterator[str]:
+    for obj in objects:
+        for problem in schema_problems(obj) + lint_problems(obj):
+            yield f"{describe(obj)}: {problem}"
+    yield from consistency_problems(Deployment(objects))
+
+
+def write_rendered(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for overlay, objects in render_all().items():
+        file = out / (overlay.replace("/overlays/", "-") + ".yaml")
+        tmp = file.with_suffix(".yaml.tmp")
+        tmp.write_text(yaml.safe_dump_all(objects, sort_keys=False))
+        tmp.replace(file)
+        written.append(file)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.manifests", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    render_cmd = sub.add_parser("render", help="render every overlay to DIR/<flavour>-<overlay>.yaml")
+    render_cmd.add_argument("--out", type=Path, default=ROOT / ".cache" / "manifests")
+    sub.add_parser("validate", help="render and validate every overlay; exit 1 on any problem")
+    args = parser.parse_args(argv)
+    if args.command == "render":
+        for file in write_rendered(args.out):
+            print(file.relative_to(ROOT) if file.is_relative_to(ROOT) else file)
+        return 0
+    if not schema_dir().is_dir():
+        print(f"schema folder {schema_dir()} not found (set SCHEMA_DIR)", file=sys.stderr)
+        return 2
+    failed = 0
+    for overlay, objects in render_all().items():
+        problems = list(problems_of(objects))
+        failed += bool(problems)
+        status = "ok" if not problems else f"{len(problems)} problem(s)"
+        print(f"{overlay}: {len(objects)} objects, {status}")
+        for problem in problems:
+            print(f"  {problem}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
