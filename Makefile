@@ -9,7 +9,7 @@ VOICE_URI ?= s3://voices/en_US-joe-medium
 # moto accepts any credentials; these are placeholders, not secrets.
 AWS_ENV  := AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_DEFAULT_REGION=us-east-1 AWS_ENDPOINT_URL=$(S3_URL)
 
-.PHONY: install run test bench load lint image clean
+.PHONY: install system-packages run test bench load lint image manifests validate clean
 
 install: $(VENV)/.installed
 
@@ -34,8 +34,26 @@ run: install
 	$(AWS_ENV) STORAGE_URI=$(VOICE_URI) MODEL_DIR=$(CACHE)/models/en_US-joe-medium LOG_FORMAT=text \
 	  exec $(BIN)/tts-predictor serve
 
-test: install
+# Debian programs the tests start for real: Prometheus (PromQL of the manifests) and nginx (mirroring).
+SYSTEM_PACKAGES := prometheus nginx
+system-packages:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+test: install system-packages
 	$(BIN)/python -m pytest -q
+
+# Render every overlay of knative/ and keda/ to .cache/manifests/<flavour>-<overlay>.yaml.
+manifests: install
+	$(BIN)/python -m tests.manifests render
+
+# Validate every rendered object strictly (schemas, lints, cross-checks); no cluster needed.
+validate: install
+	$(BIN)/python -m tests.manifests validate
 
 bench: install
 	$(BIN)/python -m bench

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from predictor.artifact import build_default_voice, publish
@@ -219,3 +221,92 @@ def v2_request(*texts: str, **parameters) -> dict:
     if parameters:
         body["parameters"] = parameters
     return body
+
+
+# --- Prometheus (the Debian package) as a real process ------------------------------------------
+
+
+class PrometheusProcess:
+    """Debian's prometheus on a free port, scraping `targets` and evaluating `rule_files` every second."""
+
+    def __init__(self, workdir: Path, targets: list[tuple[str, dict[str, str]]], rule_files: list[Path]):
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise RuntimeError("prometheus is not installed: run `make system-packages` (apt-get install prometheus)")
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = {
+            # One second, not the production 10 s, so a test sees rates within seconds.
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(p) for p in rule_files],
+            # The job name a PodMonitor tts/tts-predictor gives its targets.
+            "scrape_configs": [
+                {"job_name": "tts/tts-predictor", "static_configs": [{"targets": [t], "labels": l} for t, l in targets]}
+            ],
+        }
+        config_path = workdir / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / "prometheus.log"
+        with open(self.log_path, "wb") as log_file:
+            self.proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config_path}",
+                    f"--storage.tsdb.path={workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {self.proc.returncode}: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prometheus not ready on {self.url}: {self.log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def query(self, expr: str) -> list[dict]:
+        """Instant query through the HTTP API; the result vector (raises on a query error)."""
+        body = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).json()
+        if body["status"] != "success":
+            raise AssertionError(f"{expr}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]["result"]
+
+    def value(self, expr: str) -> float | None:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else None
+
+    def rules(self) -> list[dict]:
+        groups = httpx.get(f"{self.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        return [rule for group in groups for rule in group["rules"]]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path):
+    """Factory: start a Prometheus scraping the given (host:port, labels) targets; stopped after the test."""
+    started: list[PrometheusProcess] = []
+
+    def start(targets: list[tuple[str, dict[str, str]]], rule_files: list[Path]) -> PrometheusProcess:
+        workdir = tmp_path / f"prometheus-{len(started)}"
+        workdir.mkdir()
+        started.append(PrometheusProcess(workdir, targets, rule_files))
+        return started[-1]
+
+    yield start
+    for p in started:
+        p.stop()
