@@ -22,6 +22,7 @@ def _key(obj: dict) -> tuple[str, str, str]:
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
+    assert manifests.schema_dir().is_dir(), f"CRD schemas not found at {manifests.schema_dir()} (set SCHEMA_DIR)"
     return manifests.render_all()
 
 
