@@ -61,6 +61,7 @@ EVENT_OUTPUTS = Counter(
     "tts_event_outputs",
     "CloudEvents with an S3 output, by outcome: written (synthesized and uploaded), replayed (a redelivery "
     "answered from its completion record), recovered (output found without its record, record rebuilt), "
-    "joined (a duplicate that arrived while the first delivery was in flight).",
+    "joined (a duplicate that arrived while the first delivery was in flight in this process), raced (another "
+    "replica wrote the output first; ours was discarded).",
     ["outcome"],
 )

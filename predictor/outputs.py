@@ -12,7 +12,9 @@ Knative keeps across retries. A redelivery looks for the record first and replie
 synthesizing or writing anything. A crash between 1 and 2 leaves the object without its record; the
 redelivery then finds the object's metadata naming this event, rebuilds the reply from it and writes
 the record, still without a second object. Within one process, duplicates that arrive while the first
-delivery is in flight wait for it and share its reply.
+delivery is in flight wait for it and share its reply. Across replicas, a write to a key that was
+free when looked up is conditional (If-None-Match: *): of two replicas racing on one event, the second
+to finish finds the first one's object, replies from it and writes nothing.
 
 The record lives next to the output (not at a fixed bucket-wide prefix) so that a bucket policy that
 lets the predictor write the output's prefix also covers the record. A redelivery is therefore found
@@ -23,8 +25,8 @@ directory is a producer bug CloudEvents forbids, and is treated as a new event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-import io
 import json
 import logging
 import threading
@@ -124,6 +126,15 @@ def output_data(target: OutputTarget, audio: EncodedAudio) -> dict[str, Any]:
     }
 
 
+class _LostRace(Exception):
+    """A create-only write found the key taken: someone else wrote it after we looked."""
+
+
+# What _find says when the event has no completion yet: the output key is free, or holds another
+# event's object (which this event will replace).
+_ABSENT, _TAKEN = object(), object()
+
+
 class OutputStore:
     """Completes events with S3 outputs, once each; one per process (it holds the in-flight table)."""
 
@@ -156,11 +167,22 @@ class OutputStore:
         self, target: OutputTarget, key: str, request_sha256: str, produce: Callable[[], Awaitable[EncodedAudio]]
     ) -> Completion:
         try:
-            done = await asyncio.to_thread(self._find, target, key, request_sha256)
-            if done is not None:
-                return done
+            found = await asyncio.to_thread(self._find, target, key, request_sha256)
+            if isinstance(found, Completion):
+                return found
             audio = await produce()
-            return await asyncio.to_thread(self._write, target, key, request_sha256, audio)
+            try:
+                return await asyncio.to_thread(self._write, target, key, request_sha256, audio, found is _ABSENT)
+            except _LostRace:
+                # Another replica created the object while we synthesized: it is this event's (or the
+                # next lookup says whose), and ours is discarded rather than written a second time.
+                again = await asyncio.to_thread(self._find, target, key, request_sha256)
+                if isinstance(again, Completion):
+                    metrics.EVENT_OUTPUTS.labels("raced").inc()
+                    return again
+                raise OutputUnavailable(
+                    f"output {target.uri} was created by another event while this one was synthesized; retry"
+                ) from None
         except OutputError as exc:
             # The broker retries this and finally dead-letters it; the log says why.
             log.warning("event output failed: %s", exc.message, extra={"event_key": key, "uri": target.uri})
@@ -175,7 +197,8 @@ class OutputStore:
                 self._client = s3_client(concurrency=8)
             return self._client
 
-    def _find(self, target: OutputTarget, key: str, request_sha256: str) -> Completion | None:
+    def _find(self, target: OutputTarget, key: str, request_sha256: str) -> Completion | object:
+        """The event's completion if storage has it; otherwise whether the output key is _ABSENT or _TAKEN."""
         client = self._s3()
         with _translated(target):
             record = _get_json(client, target.bucket, target.record_key(key))
@@ -190,8 +213,10 @@ class OutputStore:
             return Completion(data=record["reply"], time=record["completed_at"])
         with _translated(target):
             head = _head(client, target.bucket, target.key)
-        if head is None or head.get("Metadata", {}).get(_META_EVENT) != key:
-            return None
+        if head is None:
+            return _ABSENT
+        if head.get("Metadata", {}).get(_META_EVENT) != key:
+            return _TAKEN  # an earlier event's output at the same key: this event replaces it
         # The object was written for this event but its record was not (the process died in between).
         meta = head["Metadata"]
         data = {
@@ -208,12 +233,9 @@ class OutputStore:
         log.info("event's output found without its record; record rebuilt", extra={"event_key": key, "uri": target.uri})
         return Completion(data=data, time=completed_at)
 
-    def _write(self, target: OutputTarget, key: str, request_sha256: str, audio: EncodedAudio) -> Completion:
-        from boto3.s3.transfer import TransferConfig
-
-        transfer = TransferConfig(
-            multipart_threshold=self._part_size, multipart_chunksize=self._part_size, max_concurrency=4
-        )
+    def _write(
+        self, target: OutputTarget, key: str, request_sha256: str, audio: EncodedAudio, create_only: bool
+    ) -> Completion:
         metadata = {
             _META_EVENT: key,
             _META_SHA256: audio.sha256,
@@ -222,19 +244,53 @@ class OutputStore:
             _META_FORMAT: audio.format,
         }
         with _translated(target):
-            self._s3().upload_fileobj(
-                io.BytesIO(audio.data),
-                target.bucket,
-                target.key,
-                ExtraArgs={"ContentType": audio.media_type, "Metadata": metadata},
-                Config=transfer,
-            )
+            self._upload(target, audio, metadata, create_only)
         data = output_data(target, audio)
         completed_at = now_iso()
         self._put_record(target, key, request_sha256, data, completed_at)
         metrics.EVENT_OUTPUTS.labels("written").inc()
         log.info("event output written", extra={"event_key": key, "uri": target.uri, "bytes": len(audio.data)})
         return Completion(data=data, time=completed_at)
+
+    def _upload(self, target: OutputTarget, audio: EncodedAudio, metadata: dict[str, str], create_only: bool) -> None:
+        """One PUT, or a multipart upload above the part size; visible only once complete either way.
+
+        ``create_only`` (the key was free when we looked) makes the write conditional on the key still
+        being free (If-None-Match: *), so two replicas racing on one event cannot both write it.
+        s3transfer's managed upload cannot pass that condition, hence the parts by hand.
+        """
+        from botocore.exceptions import ClientError
+
+        client = self._s3()
+        where = {"Bucket": target.bucket, "Key": target.key}
+        condition = {"IfNoneMatch": "*"} if create_only else {}
+        try:
+            if len(audio.data) <= self._part_size:
+                client.put_object(
+                    **where, Body=audio.data, ContentType=audio.media_type, Metadata=metadata, **condition
+                )
+                return
+            upload_id = client.create_multipart_upload(**where, ContentType=audio.media_type, Metadata=metadata)[
+                "UploadId"
+            ]
+            try:
+                parts = []
+                for number, start in enumerate(range(0, len(audio.data), self._part_size), start=1):
+                    chunk = audio.data[start : start + self._part_size]
+                    etag = client.upload_part(**where, UploadId=upload_id, PartNumber=number, Body=chunk)["ETag"]
+                    parts.append({"ETag": etag, "PartNumber": number})
+                client.complete_multipart_upload(
+                    **where, UploadId=upload_id, MultipartUpload={"Parts": parts}, **condition
+                )
+            except BaseException:
+                # Uploaded parts are invisible but billed until aborted.
+                with contextlib.suppress(Exception):
+                    client.abort_multipart_upload(**where, UploadId=upload_id)
+                raise
+        except ClientError as exc:
+            if create_only and _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                raise _LostRace() from exc
+            raise
 
     def _put_record(
         self, target: OutputTarget, key: str, request_sha256: str, data: dict[str, Any], completed_at: str
@@ -284,7 +340,6 @@ def _code(exc) -> str:
 @contextmanager
 def _translated(target: OutputTarget) -> Iterator[None]:
     """botocore's errors as ours: what the bus should retry (5xx) and what it must not (4xx)."""
-    from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import (
         BotoCoreError,
         ClientError,
@@ -310,5 +365,5 @@ def _translated(target: OutputTarget) -> Iterator[None]:
         raise OutputError(f"{where}: storage answered {detail}") from exc
     except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError) as exc:
         raise OutputUnavailable(f"{where}: storage unreachable ({exc}); retry later") from exc
-    except (BotoCoreError, S3UploadFailedError) as exc:
+    except BotoCoreError as exc:
         raise OutputError(f"{where}: upload failed ({exc})") from exc

@@ -361,3 +361,26 @@ def test_storage_5xx_is_a_502_the_broker_retries_and_nothing_is_synthesized(fail
 
     assert raised.value.http_status == 502 and "InternalError" in raised.value.message
     assert calls == []  # the record lookup failed first: no engine time spent on an event that will be retried
+
+
+def test_two_replicas_racing_on_one_event_write_one_object(s3_env, s3):
+    replicas = [OutputStore(Settings()), OutputStore(Settings())]
+    target = parse_output_uri(fresh_output("pcm"))
+    audio = _audio(4096)
+    produced: list[int] = []
+
+    async def race() -> list:
+        both_looked = asyncio.Barrier(2)  # each replica has found no record and no object
+
+        async def produce() -> EncodedAudio:
+            produced.append(1)
+            await both_looked.wait()
+            return audio
+
+        return await asyncio.gather(*(r.complete(target, "r" * 64, "d", produce) for r in replicas))
+
+    first, second = asyncio.run(race())
+
+    assert produced == [1, 1]
+    assert first.data == second.data and first.data["sha256"] == audio.sha256
+    assert len(versions(s3, target.uri)) == 1
