@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from predictor import metrics
@@ -77,7 +78,7 @@ class EncodedAudio:
     sample_rate: int  # of the encoded file, which a codec may have resampled
     audio_seconds: float
 
-    @property
+    @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
@@ -112,7 +113,12 @@ def event_key(source: str, event_id: str) -> str:
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso(datetime.now(UTC))
+
+
+def iso(when: datetime) -> str:
+    """RFC 3339 in UTC, as CloudEvents' `time` attribute wants it."""
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def output_data(target: OutputTarget, audio: EncodedAudio) -> dict[str, Any]:
@@ -227,7 +233,7 @@ class OutputStore:
             "sample_rate": int(meta[_META_RATE]),
             "format": meta[_META_FORMAT],
         }
-        completed_at = head["LastModified"].astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        completed_at = iso(head["LastModified"])
         self._put_record(target, key, request_sha256, data, completed_at)
         metrics.EVENT_OUTPUTS.labels("recovered").inc()
         log.info("event's output found without its record; record rebuilt", extra={"event_key": key, "uri": target.uri})
