@@ -6,11 +6,13 @@ Against real components: moto's S3 server and predictor processes over real sock
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import http.server
 import io
 import json
 import shutil
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -134,16 +136,10 @@ def test_inline_reply_carries_audio_format_and_checksum(predictor):
 
     assert response.status_code == 200, response.text
     data = response.json()
-    pcm = base64_decode(data["audio_base64"])
+    pcm = base64.b64decode(data["audio_base64"], validate=True)
     assert data["format"] == "pcm" and data["bytes"] == len(pcm)
     assert abs(len(pcm) / 2 / data["sample_rate"] - data["audio_seconds"]) < 1e-3
     assert data["sha256"] == hashlib.sha256(pcm).hexdigest()
-
-
-def base64_decode(text: str) -> bytes:
-    import base64
-
-    return base64.b64decode(text, validate=True)
 
 
 # --- exactly one output ----------------------------------------------------------------------
@@ -274,8 +270,6 @@ def isolated_predictor(start_predictor, voice_dir, tmp_path_factory):
 
 
 def _dead_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]  # closed on return: connections to it are refused
