@@ -100,6 +100,19 @@ class Settings(BaseSettings):
         "dev.tts-predictor.synthesized.v1", description="Type of the reply event; must differ from the request type."
     )
     ce_source: str = Field("", description="Source of reply events; empty = /models/<MODEL_NAME>.")
+    ce_inline_max_bytes: int = Field(
+        1024 * 1024,
+        ge=1,
+        description="Largest encoded audio an event reply carries inline (base64 adds a third on the wire), bytes; "
+        "a larger result is refused with 413 asking for data.output. Brokers cap event size (Kafka: 1 MB by default).",
+    )
+    ce_output_part_size_mib: int = Field(
+        8,
+        ge=5,
+        le=5120,
+        description="Event outputs larger than this go to S3 as multipart uploads in parts of this size, MiB "
+        "(S3's smallest part is 5 MiB); smaller ones as one PUT. Both become visible only when complete.",
+    )
 
     # --- observability ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")

@@ -56,6 +56,26 @@ class UnsafePath(StorageError):
     """A manifest entry would land outside MODEL_DIR."""
 
 
+class ReplyTooLarge(BadRequest):
+    """An event's inline audio is over CE_INLINE_MAX_BYTES; the same event will always be, so no retry."""
+
+    http_status = 413
+
+
+class OutputError(PredictorError):
+    """Storage answered an event's output upload with an error (5xx, access denied): the broker retries,
+    then dead-letters; the upload was multipart-aborted or never completed, so nothing half-written is visible."""
+
+    http_status = 502
+    grpc_status = StatusCode.UNAVAILABLE
+
+
+class OutputUnavailable(OutputError):
+    """Storage for an event's output could not be reached (refused, timed out, throttled): retry later."""
+
+    http_status = 503
+
+
 class EngineError(PredictorError):
     """The engine could not load or synthesize."""
 

@@ -56,3 +56,12 @@ REAL_TIME_FACTOR = Histogram(
     "Engine seconds per second of audio produced (lower is faster; < 1 is faster than real time).",
     buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5),
 )
+
+EVENT_OUTPUTS = Counter(
+    "tts_event_outputs",
+    "CloudEvents with an S3 output, by outcome: written (synthesized and uploaded), replayed (a redelivery "
+    "answered from its completion record), recovered (output found without its record, record rebuilt), "
+    "joined (a duplicate that arrived while the first delivery was in flight in this process), raced (another "
+    "replica wrote the output first; ours was discarded).",
+    ["outcome"],
+)

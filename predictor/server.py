@@ -58,6 +58,7 @@ from predictor.endpoints import (
     v1_predictions,
 )
 from predictor.errors import BadRequest, NotReady, Overloaded, PredictorError
+from predictor.outputs import OutputStore
 from predictor.service import TTSService
 
 log = logging.getLogger("predictor.server")
@@ -198,6 +199,7 @@ class _GRPCServer:
 
 def add_routes(app: FastAPI, service: TTSService, settings: Settings) -> None:
     name = settings.model_name
+    outputs = OutputStore(settings)
     app.include_router(speech.router(service, settings))
 
     @app.post("/v2/models/{model_name}/infer")
@@ -233,8 +235,8 @@ def add_routes(app: FastAPI, service: TTSService, settings: Settings) -> None:
         headers = {k.lower(): v for k, v in request.headers.items()}
         if events.is_cloudevent(headers):
             event = events.parse(headers, body, settings)
-            result = await service.synthesize([event.text], event.params)
-            reply_headers, reply_body = events.reply(event, result, settings)
+            completion = await events.complete(event, service, outputs, settings)
+            reply_headers, reply_body = events.reply(event, completion, settings)
             return Response(content=reply_body, headers=reply_headers)
         try:
             payload = orjson.loads(body)

@@ -200,7 +200,7 @@ def test_cloudevent_binary_mode_round_trip(predictor):
     assert response.headers["ce-type"] == "dev.tts-predictor.synthesized.v1"
     assert response.headers["ce-inreplyto"] == "evt-binary-1"
     data = response.json()
-    audio, _ = soundfile.read(io.BytesIO(base64.b64decode(data["wav_base64"])))
+    audio, _ = soundfile.read(io.BytesIO(base64.b64decode(data["audio_base64"])))
     assert is_speech(audio.astype(np.float32))
 
 
