@@ -56,3 +56,10 @@ REAL_TIME_FACTOR = Histogram(
     "Engine seconds per second of audio produced (lower is faster; < 1 is faster than real time).",
     buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5),
 )
+
+SHADOW_RECORDS = Counter(
+    "tts_shadow_records",
+    "Shadow records by outcome: written to SHADOW_SINK, dropped (queue full: requests are never slowed "
+    "to keep a record), lost (the sink failed after retries).",
+    ["outcome"],
+)
