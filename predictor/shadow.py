@@ -287,7 +287,11 @@ class Recorder:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Write everything queued, then stop the thread (at shutdown, after the servers stopped)."""
-        self._queue.put(_STOP, timeout=timeout_s)  # waits for room: the thread keeps draining
+        try:
+            self._queue.put(_STOP, timeout=timeout_s)  # waits for room: the thread keeps draining
+        except queue.Full:
+            log.error("shadow records: the writer is stuck (sink unresponsive); %d records lost", self._queue.qsize())
+            return
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.error("shadow records: the writer did not finish within %.0f s; the tail may be lost", timeout_s)

@@ -347,6 +347,41 @@ def test_stdout_sink_prints_one_record_per_synthesis_request_errors_included(std
     assert probe_id not in by_id, "probes are not synthesis requests"
 
 
+def _wait_for_records(p, *ids: str, timeout_s: float = 20) -> dict[str, dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        by_id = {r["id"]: r for r in _records_in(p.logs())}
+        if all(i in by_id for i in ids) or time.monotonic() > deadline:
+            return by_id
+        time.sleep(0.1)
+
+
+def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor):
+    text = b"Over gRPC."
+    request = pb.ModelInferRequest(model_name="tts", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="text", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[text]))])  # fmt: skip
+    with grpc.insecure_channel(stdout_predictor.grpc) as channel:
+        stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stub.ModelInfer(request, metadata=(("x-request-id", "grpc-infer-1"),), timeout=60)
+
+    got = _wait_for_records(stdout_predictor, "grpc-infer-1")["grpc-infer-1"]
+
+    assert got["route"] == "grpc:ModelInfer" and got["status"] == 200 and got["audio_s"] > 0.3
+    assert got["text_sha256"] == shadow.text_sha256(["Over gRPC."])
+
+
+def test_speech_route_record_covers_every_segment(stdout_predictor):
+    body = {"model": "tts", "input": "First sentence here. And a second one.", "response_format": "wav"}
+    r = stdout_predictor.post("/v1/audio/speech", json=body, headers={"X-Request-Id": "speech-1"})
+
+    got = _wait_for_records(stdout_predictor, "speech-1")["speech-1"]
+
+    assert r.status_code == 200
+    assert got["route"] == "/v1/audio/speech" and got["items"] == 2
+    assert got["text_sha256"] == shadow.text_sha256(["First sentence here.", "And a second one."])
+    assert np.asarray(got["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+
+
 def _s3(endpoint: str):
     env = aws_env_for(endpoint)
     return boto3.session.Session().client(
