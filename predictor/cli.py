@@ -135,6 +135,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )  # fmt: skip
     try:
         report = compare.compare(compare.load_records(args.stable), compare.load_records(args.canary), thresholds)
+        if args.png:
+            compare.write_png(report, Path(args.png))
     except compare.CompareError as exc:
         print(f"tts-predictor compare: {exc}", file=sys.stderr)
         return 2
@@ -144,8 +146,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(json.dumps(report.summary(), indent=2))
     else:
         print(compare.format_report(report))
-    if args.png:
-        compare.write_png(report, Path(args.png))
     return 0 if report.passed else 1
 
 

@@ -248,8 +248,12 @@ def _delta(pair: tuple[float, float]) -> str:
 # --- the plot ----------------------------------------------------------------------------------
 def write_png(report: Report, out: Path) -> None:
     """Latency CDFs (stable vs canary) and the distance histogram; written atomically."""
-    import matplotlib
     import numpy as np
+
+    try:
+        import matplotlib
+    except ImportError:
+        raise CompareError("--png needs matplotlib: pip install 'tts-predictor[compare]'") from None
 
     matplotlib.use("Agg")  # no display in CI
     import matplotlib.pyplot as plt

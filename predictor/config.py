@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     @field_validator("shadow_sink")
     @classmethod
     def _shadow_sink(cls, v: str) -> str:
-        if v and v != "stdout" and v.startswith("s3://") and len(v.rstrip("/")) <= len("s3://"):
+        if v.startswith("s3://") and not v[len("s3://"):].strip("/"):
             raise ValueError("s3:// needs a bucket: s3://bucket/prefix")
         if "://" in v and not v.startswith(("s3://", "file://")):
             raise ValueError("must be empty, stdout, s3://bucket/prefix or a local directory")

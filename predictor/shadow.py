@@ -193,12 +193,12 @@ def request_id(incoming: str | None) -> str:
 
 # --- sinks -----------------------------------------------------------------------------------
 class Sink(Protocol):
-    def write(self, body: bytes, count: int) -> None:
+    def write(self, body: bytes) -> None:
         """Write one batch of JSONL atomically; raise on failure (the recorder retries)."""
 
 
 class StdoutSink:
-    def write(self, body: bytes, count: int) -> None:
+    def write(self, body: bytes) -> None:
         sys.stdout.buffer.write(body)
         sys.stdout.buffer.flush()
 
@@ -217,7 +217,7 @@ class S3Sink:
         self._client = storage.s3_client(concurrency=1)
         self._bucket, self._prefix, self._revision = bucket, prefix, revision
 
-    def write(self, body: bytes, count: int) -> None:
+    def write(self, body: bytes) -> None:
         from predictor import storage
 
         key = storage.object_key(self._prefix, _batch_key(self._revision))
@@ -229,7 +229,7 @@ class DirSink:
         self._root, self._revision = root, revision
         root.mkdir(parents=True, exist_ok=True)
 
-    def write(self, body: bytes, count: int) -> None:
+    def write(self, body: bytes) -> None:
         from predictor.artifact import atomic_write_bytes
 
         atomic_write_bytes(self._root / _batch_key(self._revision), body)
@@ -340,7 +340,7 @@ class Recorder:
         body = b"".join(batch)
         for attempt in range(self._retries + 1):
             try:
-                self._sink.write(body, len(batch))
+                self._sink.write(body)
                 metrics.SHADOW_RECORDS.labels("written").inc(len(batch))
                 return
             except Exception as exc:  # noqa: BLE001 - retried, then counted and logged

@@ -122,7 +122,7 @@ class ListSink:
         self.batches: list[list[dict]] = []
         self.gate = gate
 
-    def write(self, body: bytes, count: int) -> None:
+    def write(self, body: bytes) -> None:
         if self.gate is not None:
             self.gate.wait(10)
         self.batches.append([json.loads(line) for line in body.splitlines()])
@@ -370,16 +370,21 @@ def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor)
     assert got["text_sha256"] == shadow.text_sha256(["Over gRPC."])
 
 
-def test_speech_route_record_covers_every_segment(stdout_predictor):
-    body = {"model": "tts", "input": "First sentence here. And a second one.", "response_format": "wav"}
-    r = stdout_predictor.post("/v1/audio/speech", json=body, headers={"X-Request-Id": "speech-1"})
+def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predictor):
+    body = {"model": "tts", "input": "First sentence here. And a second one.", "response_format": "pcm"}
+    whole = stdout_predictor.post("/v1/audio/speech", json=body, headers={"X-Request-Id": "speech-1"})
+    streamed = stdout_predictor.post("/v1/audio/speech", json={**body, "stream": True}, headers={"X-Request-Id": "speech-2"})
 
-    got = _wait_for_records(stdout_predictor, "speech-1")["speech-1"]
+    got = _wait_for_records(stdout_predictor, "speech-1", "speech-2")
 
-    assert r.status_code == 200
-    assert got["route"] == "/v1/audio/speech" and got["items"] == 2
-    assert got["text_sha256"] == shadow.text_sha256(["First sentence here.", "And a second one."])
-    assert np.asarray(got["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+    assert whole.status_code == streamed.status_code == 200
+    for rid, response in (("speech-1", whole), ("speech-2", streamed)):
+        record = got[rid]
+        assert record["route"] == "/v1/audio/speech" and record["items"] == 2
+        assert record["text_sha256"] == shadow.text_sha256(["First sentence here.", "And a second one."])
+        assert np.asarray(record["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+        # Segments are recorded as synthesized, before the crossfade shortens each join a little.
+        assert record["audio_s"] == pytest.approx(len(response.content) / 2 / 22050, abs=0.2)
 
 
 def _s3(endpoint: str):
