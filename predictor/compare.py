@@ -39,8 +39,11 @@ def _parse_jsonl(data: bytes, where: str) -> list[dict[str, Any]]:
             record = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             raise CompareError(f"{where}:{n} is not JSON: {exc}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("id"), str):
-            raise CompareError(f"{where}:{n} is not a shadow record (no string 'id')")
+        if not (
+            isinstance(record, dict) and isinstance(record.get("id"), str) and isinstance(record.get("status"), int)
+            and isinstance(record.get("latency_s"), (int, float))
+        ):  # fmt: skip
+            raise CompareError(f"{where}:{n} is not a shadow record (needs a string id, an integer status, a numeric latency_s)")
         records.append(record)
     return records
 

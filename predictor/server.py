@@ -339,7 +339,7 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
 def _recorder(settings: Settings) -> shadow.Recorder | None:
     try:
         sink = shadow.open_sink(settings.shadow_sink, settings.revision_name)
-    except StorageError as exc:
+    except (StorageError, OSError) as exc:  # OSError: a local directory that cannot be created
         raise ConfigError(f"invalid configuration: SHADOW_SINK: {exc}") from None
     if sink is None:
         return None

@@ -239,6 +239,17 @@ def test_canary_errors_fail_naming_error_rate(capsys, stable_file, tmp_path):
     assert any(r.startswith("error rate 10.0% vs 0.0%") for r in summary["reasons"])
 
 
+def test_matched_ids_with_different_texts_fail_saying_ids_are_not_unique(capsys, stable_file, tmp_path):
+    def other_text(i: int) -> dict:
+        r = record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i])
+        return {**r, "text_sha256": shadow.text_sha256([f"something else {i}"])} if i == 3 else r
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(canary(tmp_path, other_text)))
+
+    assert code == 1
+    assert "1 matched requests carry different texts" in out
+
+
 def test_png_with_latency_cdfs_and_distance_histogram_is_written_whole(capsys, stable_file, tmp_path):
     same = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i]))
     png = tmp_path / "plots" / "verdict.png"
@@ -282,6 +293,15 @@ def test_malformed_record_exits_2_naming_file_and_line(capsys, stable_file, tmp_
 
     assert code == 2
     assert f"{bad}:2 is not JSON" in err
+
+
+def test_line_without_the_record_fields_exits_2_naming_it(capsys, stable_file, tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "r0", "status": "200"}])
+
+    code, _, err = run_compare(capsys, "--stable", str(stable_file), "--canary", str(bad))
+
+    assert code == 2
+    assert f"{bad}:1 is not a shadow record" in err
 
 
 # --- a real predictor: headers, stdout sink, S3 sink ------------------------------------------
