@@ -1,4 +1,4 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|all]`: run the benchmarks, print a table, write JSON.
 
 Every figure is compared with a baseline measured in the same run on the same machine, so the ratios
 mean something on a laptop, in CI, or on a node; absolute numbers are printed alongside.
@@ -22,7 +22,7 @@ from types import FrameType
 
 from bench.common import REPO, Row, Session, SuiteResult, log
 
-SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events")
+SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow")
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
 
@@ -47,6 +47,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import events
 
         return events.run(session, requests=args.events_requests, concurrency=args.events_concurrency)
+    if name == "shadow":
+        from bench import shadow
+
+        return shadow.run(session, n=args.shadow_n)
     from bench import fetch
 
     return fetch.run(session, size_mib=args.fetch_mib, files=args.fetch_files, cap_mib_s=args.cap_mib_s,
@@ -164,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-chapter", action="store_true", help="serving suite: skip the 50,000-character text (minutes)")
     parser.add_argument("--events-requests", type=int, default=40, help="events suite: requests per mode (default 40)")
     parser.add_argument("--events-concurrency", type=int, default=2, help="events suite: concurrent clients (default 2)")
+    parser.add_argument("--shadow-n", type=int, default=200, help="shadow suite: requests per side (default 200)")
     args = parser.parse_args(argv)
     suites = SUITES if args.suite == "all" else (args.suite,)
 

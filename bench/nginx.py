@@ -1,6 +1,10 @@
-"""An S3 endpoint with a per-connection bandwidth cap: nginx in front of moto.
+"""nginx (Debian's, run as this user with a generated config) for the benchmarks and tests.
 
-Real S3 serves each connection at a bounded rate (~90 MB/s), so a fetcher's throughput comes from
+`mirror_conf` is Istio's traffic mirroring in miniature, for the shadow-traffic tests; `start` runs
+an S3 endpoint with a per-connection bandwidth cap, nginx in front of moto. Both configs go through
+`write_conf` and `argv`.
+
+The S3 endpoint. Real S3 serves each connection at a bounded rate (~90 MB/s), so a fetcher's throughput comes from
 parallel connections; `limit_rate` reproduces that. moto itself copies the whole object for every
 ranged GET, which would make moto, not the cap, the bottleneck; so nginx caches each object once
 (full GET, Range stripped upstream as proxy_cache does) and serves every ranged GET from its cache.
@@ -16,6 +20,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -57,6 +62,39 @@ _SERVER = """
     }}
 """
 
+# Istio's `mirror` in nginx: every request goes to the primary, whose answer the client gets, and a
+# copy (body included) to each mirror, whose answers are thrown away. Both carry one X-Request-Id:
+# the client's, or nginx's $request_id when it sent none (subrequests share the main request's
+# variables, so the mirrors see the same value). nginx answers the client as soon as the primary
+# has, but finalizes the request only when every mirror has answered: a keepalive client's next
+# request on that connection waits for the slowest mirror (Istio's sidecar does not).
+_MIRROR = """
+    map $http_x_request_id $shadow_request_id {{
+        default $http_x_request_id;
+        ""      $request_id;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 16m;
+        location / {{
+{mirror_lines}
+            mirror_request_body on;
+            proxy_set_header X-Request-Id $shadow_request_id;
+            proxy_read_timeout 300s;
+            proxy_pass {primary};
+        }}
+{mirror_locations}
+    }}
+"""
+_MIRROR_LOCATION = """
+        location = /_mirror{i} {{
+            internal;
+            proxy_set_header X-Request-Id $shadow_request_id;
+            proxy_read_timeout 300s;
+            proxy_pass {url}$request_uri;
+        }}
+"""
+
 _CONF = """
 {user}
 worker_processes 1;
@@ -76,6 +114,10 @@ http {{
     fastcgi_temp_path {prefix}/fastcgi_temp;
     uwsgi_temp_path {prefix}/uwsgi_temp;
     scgi_temp_path {prefix}/scgi_temp;
+{http}
+}}
+"""
+_S3_HTTP = """
     proxy_cache_path {prefix}/cache levels=1:2 keys_zone=objects:10m max_size=16g inactive=1h use_temp_path=off;
     upstream moto {{
         server 127.0.0.1:{moto_port};
@@ -86,8 +128,33 @@ http {{
         default "";
     }}
 {servers}
-}}
 """
+
+
+def mirror_conf(port: int, primary: str, mirrors: list[str]) -> str:
+    """The http-block body of a mirroring proxy on 127.0.0.1:port (URLs like http://127.0.0.1:8080)."""
+    return _MIRROR.format(
+        port=port, primary=primary,
+        mirror_lines="\n".join(f"            mirror /_mirror{i};" for i in range(len(mirrors))),
+        mirror_locations="".join(_MIRROR_LOCATION.format(i=i, url=url) for i, url in enumerate(mirrors)),
+    )  # fmt: skip
+
+
+def write_conf(prefix: Path, http: str) -> Path:
+    """A complete nginx.conf under ``prefix`` (pid, logs and temp dirs there too) around ``http``."""
+    conf = _CONF.format(
+        # As root, workers would otherwise drop to "nobody" and could not write our 0700 temp dirs.
+        user="user root;" if os.geteuid() == 0 else "",
+        prefix=prefix, http=http,
+    )  # fmt: skip
+    path = prefix / "nginx.conf"
+    path.write_text(conf)
+    return path
+
+
+def argv(binary: str, prefix: Path, conf: Path) -> list[str]:
+    """nginx in the foreground with everything under ``prefix`` (no root, no /var/log)."""
+    return [binary, "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf), "-g", "daemon off;"]
 
 
 def ensure_nginx() -> str:
@@ -121,15 +188,9 @@ def start(session: Session, moto_url: str, cap_mib_s: int) -> CappedS3:
     prefix = session.path("nginx")
     capped, warm = free_port(), free_port()
     servers = _SERVER.format(port=capped, limit=f"limit_rate {cap_mib_s}m;") + _SERVER.format(port=warm, limit="")
-    conf = _CONF.format(
-        # As root, workers would otherwise drop to "nobody" and could not write our 0700 temp dirs.
-        user="user root;" if os.geteuid() == 0 else "",
-        prefix=prefix, moto_port=moto_url.rsplit(":", 1)[1], servers=servers,
-    )
-    conf_path = prefix / "nginx.conf"
-    conf_path.write_text(conf)
-    argv = [binary, "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(conf_path), "-g", "daemon off;"]
-    child = session.start("nginx", argv, os.environ.copy())
+    http = _S3_HTTP.format(prefix=prefix, moto_port=moto_url.rsplit(":", 1)[1], servers=servers)
+    conf_path = write_conf(prefix, http)
+    child = session.start("nginx", argv(binary, prefix, conf_path), os.environ.copy())
     url = f"http://127.0.0.1:{capped}"
     wait_until(lambda: httpx.get(url + "/", timeout=1).status_code < 600, 30, "nginx", child)
     log(f"nginx on {url} (limit_rate {cap_mib_s} MiB/s per connection), cache filler on :{warm}")

@@ -1,4 +1,4 @@
-"""`tts-predictor` / `python -m predictor`: serve, publish, fetch, synth.
+"""`tts-predictor` / `python -m predictor`: serve, publish, fetch, synth, compare.
 
 `serve` starts the artifact download and the engine construction on threads before it imports
 KServe, so the three overlap (see server.py); the other commands are for people and CI.
@@ -122,6 +122,33 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- compare ---------------------------------------------------------------------------------
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Exit 0 on PASS, 1 on FAIL, 2 when the input cannot be judged (a CI gate tells them apart)."""
+    from predictor import compare
+
+    thresholds = compare.Thresholds(
+        min_match_rate=args.min_match_rate, max_p50_increase=args.max_p50_increase,
+        max_p99_increase=args.max_p99_increase, max_error_rate_increase=args.max_error_rate_increase,
+        max_duration_change=args.max_duration_change, max_mcd_p50_db=args.max_mcd_p50,
+        max_mcd_p95_db=args.max_mcd_p95,
+    )  # fmt: skip
+    try:
+        report = compare.compare(compare.load_records(args.stable), compare.load_records(args.canary), thresholds)
+        if args.png:
+            compare.write_png(report, Path(args.png))
+    except compare.CompareError as exc:
+        print(f"tts-predictor compare: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        import json
+
+        print(json.dumps(report.summary(), indent=2))
+    else:
+        print(compare.format_report(report))
+    return 0 if report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tts-predictor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -149,10 +176,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-w", type=float)
     p.add_argument("--voice")
     p.add_argument("--seed", type=int, help="reproducible noise (torch engine)")
+
+    from predictor.compare import Thresholds
+
+    t = Thresholds()
+    p = sub.add_parser(
+        "compare", help="judge a canary from shadow records: PASS (exit 0) or FAIL (exit 1); bad input exits 2"
+    )
+    p.add_argument("--stable", required=True, help="stable's records: s3://bucket/prefix, a JSONL file or a directory")
+    p.add_argument("--canary", required=True, help="canary's records, likewise")
+    p.add_argument("--png", help="write latency CDFs and the distance histogram here")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--min-match-rate", type=float, default=t.min_match_rate, metavar="FRACTION",
+                   help=f"stable requests the canary must also have recorded (default {t.min_match_rate})")
+    p.add_argument("--max-p50-increase", type=float, default=t.max_p50_increase, metavar="FRACTION",
+                   help=f"canary p50 latency over stable's (default {t.max_p50_increase} = +10%%)")
+    p.add_argument("--max-p99-increase", type=float, default=t.max_p99_increase, metavar="FRACTION",
+                   help=f"canary p99 latency over stable's (default {t.max_p99_increase})")
+    p.add_argument("--max-error-rate-increase", type=float, default=t.max_error_rate_increase, metavar="FRACTION",
+                   help=f"absolute increase of the error rate (default {t.max_error_rate_increase})")
+    p.add_argument("--max-duration-change", type=float, default=t.max_duration_change, metavar="FRACTION",
+                   help=f"|median canary/stable audio duration - 1| (default {t.max_duration_change})")
+    p.add_argument("--max-mcd-p50", type=float, default=t.max_mcd_p50_db, metavar="DB",
+                   help=f"median mel-cepstral distortion (default {t.max_mcd_p50_db} dB)")
+    p.add_argument("--max-mcd-p95", type=float, default=t.max_mcd_p95_db, metavar="DB",
+                   help=f"95th percentile mel-cepstral distortion (default {t.max_mcd_p95_db} dB)")
     return parser
 
 
-COMMANDS = {"serve": cmd_serve, "publish": cmd_publish, "fetch": cmd_fetch, "synth": cmd_synth}
+COMMANDS = {"serve": cmd_serve, "publish": cmd_publish, "fetch": cmd_fetch, "synth": cmd_synth, "compare": cmd_compare}
 
 
 def main(argv: list[str] | None = None) -> int:

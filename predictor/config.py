@@ -92,6 +92,32 @@ class Settings(BaseSettings):
         "(keep below the pod's terminationGracePeriodSeconds)."
     )
 
+    # --- synthesis defaults ---
+    default_length_scale: float = Field(
+        0.0, ge=0.0, le=5.0, description="length_scale where a request sets none (v2, v1, CloudEvents); "
+        "0 = the voice's own (config.json). >1 speaks slower."
+    )
+
+    # --- shadow traffic: request ids, revision, records for canary verdicts ---
+    revision: str = Field(
+        "", description="Revision name on responses (x-tts-revision) and shadow records; empty = K_REVISION, else local."
+    )
+    k_revision: str = Field("", description="Set by Knative to the serving revision's name; read, never set by hand.")
+    shadow_sink: str = Field(
+        "", description="Where shadow records go: empty = off, stdout, s3://bucket/prefix, or a local directory."
+    )
+    shadow_batch_records: int = Field(
+        500, ge=1, le=100_000, description="Records per written batch (one S3 object; S3 bills per request)."
+    )
+    shadow_flush_s: float = Field(
+        10.0, gt=0, le=3600, description="Longest a record waits in memory before its batch is written, seconds "
+        "(bounds what a crash loses and how stale compare's input is)."
+    )
+    shadow_queue: int = Field(
+        256, ge=1, le=100_000, description="Finished requests waiting for their record (each holds its audio); "
+        "one more is dropped and counted, never waited for."
+    )
+
     # --- CloudEvents ---
     ce_request_type: str = Field(
         "dev.tts-predictor.synthesize.v1", description="Event type accepted on the v1 predict path."
@@ -133,6 +159,26 @@ class Settings(BaseSettings):
         if v == info.data.get("ce_request_type"):
             raise ValueError("must differ from CE_REQUEST_TYPE, or a Trigger would loop")
         return v
+
+    @field_validator("default_length_scale")
+    @classmethod
+    def _length_scale(cls, v: float) -> float:
+        if v != 0 and v < 0.1:
+            raise ValueError("must be 0 (the voice's own) or within [0.1, 5]")
+        return v
+
+    @field_validator("shadow_sink")
+    @classmethod
+    def _shadow_sink(cls, v: str) -> str:
+        if v.startswith("s3://") and not v[len("s3://"):].strip("/"):
+            raise ValueError("s3:// needs a bucket: s3://bucket/prefix")
+        if "://" in v and not v.startswith(("s3://", "file://")):
+            raise ValueError("must be empty, stdout, s3://bucket/prefix or a local directory")
+        return v
+
+    @property
+    def revision_name(self) -> str:
+        return self.revision or self.k_revision or "local"
 
     @property
     def fetch_part_size(self) -> int:

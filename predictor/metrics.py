@@ -65,3 +65,10 @@ EVENT_OUTPUTS = Counter(
     "replica wrote the output first; ours was discarded).",
     ["outcome"],
 )
+
+SHADOW_RECORDS = Counter(
+    "tts_shadow_records",
+    "Shadow records by outcome: written to SHADOW_SINK, dropped (queue full: requests are never slowed "
+    "to keep a record), lost (the sink failed after retries).",
+    ["outcome"],
+)

@@ -42,7 +42,7 @@ from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from kserve.protocol.rest.server import RESTServer
 
-from predictor import events, metrics, speech, tracing
+from predictor import events, metrics, shadow, speech, tracing
 from predictor.coldstart import ColdStart
 from predictor.config import ConfigError, Settings
 from predictor.endpoints import (
@@ -57,7 +57,7 @@ from predictor.endpoints import (
     parse_v1,
     v1_predictions,
 )
-from predictor.errors import BadRequest, NotReady, Overloaded, PredictorError
+from predictor.errors import BadRequest, NotReady, Overloaded, PredictorError, StorageError
 from predictor.outputs import OutputStore
 from predictor.service import TTSService
 
@@ -78,21 +78,45 @@ async def _not_ready(_request: Request, exc: ModelNotReady | ServerNotReady) -> 
     return JSONResponse(status_code=503, content={"error": str(exc)})
 
 
+# Routes whose requests leave a shadow record (REST route templates, gRPC methods).
+SYNTHESIS_ROUTES = frozenset({"/v2/models/{model_name}/infer", "/v1/models/{model_name}:predict", "/v1/audio/speech"})
+GRPC_SYNTHESIS_METHODS = frozenset({"ModelInfer"})
+# Shadow records carry HTTP statuses, so compare can count errors alike across REST and gRPC.
+_GRPC_AS_HTTP = {StatusCode.OK: 200, StatusCode.INVALID_ARGUMENT: 400, StatusCode.NOT_FOUND: 404,
+                 StatusCode.UNAVAILABLE: 503, StatusCode.UNIMPLEMENTED: 501}  # fmt: skip
+
+
 class _GrpcErrors(ExceptionToStatusInterceptor):
-    """KServe's mapping plus ours, and a request counter by method and final status."""
+    """KServe's mapping plus ours, a request counter by method and final status, request ids in the
+    initial metadata and a shadow record per ModelInfer."""
+
+    def __init__(self, revision: str, recorder: shadow.Recorder | None):
+        super().__init__()
+        self._revision = revision
+        self._recorder = recorder
 
     async def intercept(self, method, request_or_iterator, context, method_name):
         code = StatusCode.OK
+        name = method_name.rsplit("/", 1)[-1]
+        incoming = dict(context.invocation_metadata() or ()).get(shadow.REQUEST_ID_HEADER)
+        rid = shadow.request_id(incoming if isinstance(incoming, str) else None)
+        await context.send_initial_metadata(((shadow.REQUEST_ID_HEADER, rid), (shadow.REVISION_HEADER, self._revision)))
+        started = time.perf_counter()
+        captured, token = shadow.begin()
         try:
             return await super().intercept(method, request_or_iterator, context, method_name)
         except BaseException:
             code = context.code() or StatusCode.UNKNOWN
             raise
         finally:
-            route = "grpc:" + method_name.rsplit("/", 1)[-1]
+            shadow.end(token)
+            route = "grpc:" + name
             metrics.REQUESTS.labels(route, code.name).inc()
             if code != StatusCode.OK:
                 metrics.ERRORS.labels(route, code.name).inc()
+            if self._recorder is not None and name in GRPC_SYNTHESIS_METHODS:
+                status = _GRPC_AS_HTTP.get(code, 500)
+                self._recorder.submit(rid, route, status, time.perf_counter() - started, captured)
 
     async def handle_exception(self, ex, request_or_iterator, context, method_name):
         if isinstance(ex, PredictorError):
@@ -150,10 +174,11 @@ class _Uvicorn(uvicorn.Server):
 
 
 class _RESTServer(RESTServer):
-    def __init__(self, service: TTSService, settings: Settings, **kwargs: Any):
+    def __init__(self, service: TTSService, settings: Settings, recorder: shadow.Recorder | None, **kwargs: Any):
         super().__init__(**kwargs)
         self._service = service
         self._settings = settings
+        self._recorder = recorder
         self._server = _Uvicorn(self.config)
 
     def stop(self) -> None:
@@ -162,6 +187,10 @@ class _RESTServer(RESTServer):
     def _add_middlewares(self, app: FastAPI) -> None:
         # KServe's TimingMiddleware logs every request at INFO; our counters and spans replace it.
         app.add_middleware(_RequestMetrics)
+        # Added last, so outermost: its latency covers everything the app does for the request.
+        app.add_middleware(
+            shadow.RequestIdentity, revision=self._settings.revision_name, recorder=self._recorder, routes=SYNTHESIS_ROUTES
+        )
 
     def _register_endpoints(self, app: FastAPI) -> None:
         # Registered before KServe's routes, so these win where paths coincide.
@@ -177,10 +206,11 @@ class _RESTServer(RESTServer):
 
 
 class _GRPCServer:
-    def __init__(self, port: int, dataplane: DataPlane, extension: ModelRepositoryExtension):
+    def __init__(self, port: int, dataplane: DataPlane, extension: ModelRepositoryExtension,
+                 interceptor: _GrpcErrors):  # fmt: skip
         self._port = port
         self._server = aio.server(
-            interceptors=(_GrpcErrors(),),
+            interceptors=(interceptor,),
             options=[("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 64 << 20)],
         )
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
@@ -308,7 +338,22 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
 
 
 # --- main ------------------------------------------------------------------------------------
+def _recorder(settings: Settings) -> shadow.Recorder | None:
+    try:
+        sink = shadow.open_sink(settings.shadow_sink, settings.revision_name)
+    except (StorageError, OSError) as exc:  # OSError: a local directory that cannot be created
+        raise ConfigError(f"invalid configuration: SHADOW_SINK: {exc}") from None
+    if sink is None:
+        return None
+    log.info("shadow records on", extra={"sink": settings.shadow_sink, "revision": settings.revision_name})
+    return shadow.Recorder(
+        sink, settings.revision_name, batch_records=settings.shadow_batch_records,
+        flush_s=settings.shadow_flush_s, queue_size=settings.shadow_queue,
+    )  # fmt: skip
+
+
 async def run(settings: Settings, cold_start: Future) -> None:
+    recorder = _recorder(settings)
     service = TTSService(settings)
     model = TTSModel(settings.model_name, service)
     registry = ModelRepository()
@@ -318,6 +363,7 @@ async def run(settings: Settings, cold_start: Future) -> None:
     rest = _RESTServer(
         service,
         settings,
+        recorder,
         app="kserve.model_server:app",
         data_plane=dataplane,
         model_repository_extension=extension,
@@ -327,7 +373,7 @@ async def run(settings: Settings, cold_start: Future) -> None:
     servers = [asyncio.create_task(rest.start(), name="rest")]
     grpc_server = None
     if settings.grpc_port:
-        grpc_server = _GRPCServer(settings.grpc_port, dataplane, extension)
+        grpc_server = _GRPCServer(settings.grpc_port, dataplane, extension, _GrpcErrors(settings.revision_name, recorder))
         servers.append(asyncio.create_task(grpc_server.start(), name="grpc"))
 
     stop = asyncio.Event()
@@ -352,6 +398,9 @@ async def run(settings: Settings, cold_start: Future) -> None:
     if grpc_server:
         await grpc_server.stop(grace_s=1.0)
     await asyncio.gather(*servers, return_exceptions=True)
+    if recorder is not None:
+        # After both servers stopped: every finished request has queued its record by now.
+        await asyncio.to_thread(recorder.close)
     tracing.shutdown()
     log.info("stopped", extra={"drained": finished})
     if not finished:

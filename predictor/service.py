@@ -10,13 +10,14 @@ at once rather than queued without bound.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from predictor import metrics, tracing
+from predictor import metrics, shadow, tracing
 from predictor.batcher import Batcher
 from predictor.config import Settings
 from predictor.engine import Engine, SynthesisParams
@@ -120,6 +121,8 @@ class TTSService:
             raise BadRequest(f"unknown voice {params.voice!r}; this model serves {self.voices}")
 
     async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
+        if params.length_scale is None and self.settings.default_length_scale:
+            params = dataclasses.replace(params, length_scale=self.settings.default_length_scale)
         self.check(texts, params)
         assert self._batcher is not None and self.engine is not None
         self._in_flight += 1
@@ -138,6 +141,7 @@ class TTSService:
         for i, a in enumerate(audio):
             if len(a) == 0:
                 raise BadRequest(f"text[{i}] has nothing to speak (no phonemes)")
+        shadow.capture(texts, audio, result.sample_rate)  # for this request's shadow record, if any
         metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
         metrics.AUDIO_SECONDS.observe(result.audio_seconds)
         if result.audio_seconds > 0:

@@ -1,0 +1,283 @@
+"""Canary verdict: join stable's and canary's shadow records by request id, measure, PASS or FAIL.
+
+    stable records ─┐                     ┌─ match rate, latency p50/p99, error rate,
+                    ├─ join on "id" ─> pairs ─┤  duration ratio, mel-cepstral distortion
+    canary records ─┘                     └─ thresholds -> PASS | FAIL + reasons (+ a PNG)
+
+Latency, errors, durations and distances are computed over matched pairs only: both revisions then
+answered the same requests, so a canary that missed the slow ones cannot look faster.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy, orjson and boto3 are imported where used: the CLI builds its parser from Thresholds before
+# `serve` starts its cold-start download, and must not pay for them there.
+
+
+class CompareError(Exception):
+    """Input compare cannot judge (missing records, nothing in common); the CLI exits 2."""
+
+
+# --- reading records ---------------------------------------------------------------------------
+def _parse_jsonl(data: bytes, where: str) -> list[dict[str, Any]]:
+    import orjson
+
+    records = []
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise CompareError(f"{where}:{n} is not JSON: {exc}") from None
+        if not (
+            isinstance(record, dict) and isinstance(record.get("id"), str) and isinstance(record.get("status"), int)
+            and isinstance(record.get("latency_s"), (int, float))
+        ):  # fmt: skip
+            raise CompareError(f"{where}:{n} is not a shadow record (needs a string id, an integer status, a numeric latency_s)")
+        records.append(record)
+    return records
+
+
+def load_records(uri: str) -> list[dict[str, Any]]:
+    """Every record under an s3:// prefix, in a local JSONL file, or in a directory's *.jsonl files."""
+    from predictor.errors import StorageError
+    from predictor.storage import parse_uri
+
+    try:
+        scheme, root, prefix = parse_uri(uri)
+    except StorageError as exc:
+        raise CompareError(str(exc)) from None
+    if scheme == "s3":
+        return _load_s3(root, prefix, uri)
+    path = Path(root)
+    if path.is_file():
+        return _parse_jsonl(path.read_bytes(), str(path))
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.jsonl") if not p.name.startswith("."))  # dot files: partial writes
+        return [r for f in files for r in _parse_jsonl(f.read_bytes(), str(f))]
+    raise CompareError(f"{uri}: no such file or directory")
+
+
+def _load_s3(bucket: str, prefix: str, uri: str) -> list[dict[str, Any]]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from predictor.storage import s3_client
+
+    client = s3_client(concurrency=4)
+    records: list[dict[str, Any]] = []
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+        for page in pages:
+            for obj in page.get("Contents", []):
+                if obj["Key"].endswith(".jsonl"):
+                    body = client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+                    records += _parse_jsonl(body, f"s3://{bucket}/{obj['Key']}")
+    except (BotoCoreError, ClientError) as exc:
+        raise CompareError(f"{uri}: {exc}") from None
+    return records
+
+
+def _by_id(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    # A request id seen twice (a client retry reusing its id) counts once: its first answer.
+    out: dict[str, dict[str, Any]] = {}
+    for r in sorted(records, key=lambda r: r.get("ts") or 0.0):
+        out.setdefault(r["id"], r)
+    return out
+
+
+# --- the report ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Thresholds:
+    min_match_rate: float = 0.95  # fraction of stable's requests the canary also recorded
+    max_p50_increase: float = 0.10  # canary p50 may be at most 10 % above stable's
+    max_p99_increase: float = 0.25
+    max_error_rate_increase: float = 0.01  # absolute: one more failed request in a hundred
+    max_duration_change: float = 0.05  # |median(canary/stable audio seconds) - 1|
+    # Calibrated on the default voice: two unseeded renditions of one text differ by p50 ~1.2 dB,
+    # p95 ~1.8 dB (noise alone); white noise at -34 dBFS over the audio gives ~2.8 dB.
+    max_mcd_p50_db: float = 1.5
+    max_mcd_p95_db: float = 2.5
+
+
+@dataclass
+class Report:
+    stable_revision: str
+    canary_revision: str
+    stable_records: int
+    canary_records: int
+    matched: int
+    match_rate: float
+    latency_p50_s: tuple[float, float]  # (stable, canary), successful pairs
+    latency_p99_s: tuple[float, float]
+    error_rate: tuple[float, float]
+    duration_ratio: float | None  # median canary/stable audio seconds
+    mcd_p50_db: float | None
+    mcd_p95_db: float | None
+    text_mismatches: int  # pairs whose text hashes differ: the join paired different requests
+    reasons: list[str] = field(default_factory=list)
+    # Per-pair series for the plot, not part of the JSON summary.
+    latencies: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
+    distances: list[float] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    def summary(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k not in ("latencies", "distances")}
+        out["verdict"] = "PASS" if self.passed else "FAIL"
+        return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else math.nan
+
+
+def _revision(records: dict[str, dict[str, Any]]) -> str:
+    names = sorted({str(r.get("revision")) for r in records.values()})
+    return names[0] if len(names) == 1 else ",".join(names)
+
+
+def compare(stable_records: list[dict[str, Any]], canary_records: list[dict[str, Any]],
+            thresholds: Thresholds = Thresholds()) -> Report:  # fmt: skip
+    import numpy as np
+
+    from predictor import shadow
+
+    stable, canary = _by_id(stable_records), _by_id(canary_records)
+    if not stable:
+        raise CompareError("the stable side holds no records")
+    if not canary:
+        raise CompareError("the canary side holds no records")
+    ids = [i for i in stable if i in canary]
+    if not ids:
+        raise CompareError(
+            f"no request id appears on both sides ({len(stable)} stable, {len(canary)} canary records): "
+            "is the canary receiving mirrored traffic, and does the mirror pass x-request-id?"
+        )
+    pairs = [(stable[i], canary[i]) for i in ids]
+
+    def ok(r: dict[str, Any]) -> bool:
+        return int(r.get("status", 500)) < 400
+
+    both_ok = [(s, c) for s, c in pairs if ok(s) and ok(c)]
+    lat_s = [float(s["latency_s"]) for s, _ in both_ok]
+    lat_c = [float(c["latency_s"]) for _, c in both_ok]
+    errors = (sum(not ok(s) for s, _ in pairs) / len(pairs), sum(not ok(c) for _, c in pairs) / len(pairs))
+    ratios = [c["audio_s"] / s["audio_s"] for s, c in both_ok if s.get("audio_s") and c.get("audio_s")]
+    distances = [
+        shadow.mel_cepstral_distortion(np.asarray(s["mcep"]), np.asarray(c["mcep"]))  # each [FRAMES, N_CEPS]
+        for s, c in both_ok
+        if s.get("mcep") and c.get("mcep")
+    ]
+    report = Report(
+        stable_revision=_revision(stable), canary_revision=_revision(canary),
+        stable_records=len(stable), canary_records=len(canary), matched=len(pairs),
+        match_rate=len(pairs) / len(stable),
+        latency_p50_s=(_pct(lat_s, 50), _pct(lat_c, 50)), latency_p99_s=(_pct(lat_s, 99), _pct(lat_c, 99)),
+        error_rate=errors,
+        duration_ratio=float(np.median(ratios)) if ratios else None,
+        mcd_p50_db=_pct(distances, 50) if distances else None, mcd_p95_db=_pct(distances, 95) if distances else None,
+        text_mismatches=sum(s.get("text_sha256") != c.get("text_sha256") for s, c in both_ok),
+        latencies=(lat_s, lat_c), distances=distances,
+    )  # fmt: skip
+    report.reasons = _judge(report, thresholds)
+    return report
+
+
+def _judge(r: Report, t: Thresholds) -> list[str]:
+    reasons = []
+    if r.match_rate < t.min_match_rate:
+        reasons.append(f"match rate {r.match_rate:.1%} < {t.min_match_rate:.1%}: the canary missed requests")
+    for name, (s, c), limit in (("p50", r.latency_p50_s, t.max_p50_increase), ("p99", r.latency_p99_s, t.max_p99_increase)):
+        if s > 0 and c > s * (1 + limit):
+            reasons.append(f"latency {name} {c * 1e3:.0f} ms vs {s * 1e3:.0f} ms (+{c / s - 1:.0%} > +{limit:.0%})")
+    if r.error_rate[1] - r.error_rate[0] > t.max_error_rate_increase:
+        reasons.append(
+            f"error rate {r.error_rate[1]:.1%} vs {r.error_rate[0]:.1%} (+{r.error_rate[1] - r.error_rate[0]:.1%} "
+            f"> +{t.max_error_rate_increase:.1%})"
+        )
+    if r.duration_ratio is not None and abs(r.duration_ratio - 1) > t.max_duration_change:
+        reasons.append(f"duration ratio {r.duration_ratio:.3f} outside 1 ± {t.max_duration_change:g}")
+    if r.mcd_p50_db is not None and r.mcd_p50_db > t.max_mcd_p50_db:
+        reasons.append(f"spectral distance p50 {r.mcd_p50_db:.2f} dB > {t.max_mcd_p50_db:g} dB")
+    if r.mcd_p95_db is not None and r.mcd_p95_db > t.max_mcd_p95_db:
+        reasons.append(f"spectral distance p95 {r.mcd_p95_db:.2f} dB > {t.max_mcd_p95_db:g} dB")
+    if r.text_mismatches:
+        reasons.append(f"{r.text_mismatches} matched requests carry different texts: request ids are not unique")
+    return reasons
+
+
+def format_report(r: Report) -> str:
+    def ms(x: float) -> str:
+        return "-" if math.isnan(x) else f"{x * 1e3:.0f} ms"
+
+    def opt(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    lines = [
+        f"stable {r.stable_revision} ({r.stable_records} records)  vs  canary {r.canary_revision} ({r.canary_records} records)",
+        f"match rate       {r.match_rate:.1%} ({r.matched} requests in both)",
+        f"latency p50      {ms(r.latency_p50_s[0])} -> {ms(r.latency_p50_s[1])} ({_delta(r.latency_p50_s)})",
+        f"latency p99      {ms(r.latency_p99_s[0])} -> {ms(r.latency_p99_s[1])} ({_delta(r.latency_p99_s)})",
+        f"error rate       {r.error_rate[0]:.1%} -> {r.error_rate[1]:.1%}",
+        f"duration ratio   {opt(r.duration_ratio, '.3f')} (median canary/stable)",
+        f"spectral (MCD)   p50 {opt(r.mcd_p50_db, '.2f')} dB, p95 {opt(r.mcd_p95_db, '.2f')} dB ({len(r.distances)} pairs)",
+        "PASS" if r.passed else "FAIL",
+        *(f"  - {reason}" for reason in r.reasons),
+    ]
+    return "\n".join(lines)
+
+
+def _delta(pair: tuple[float, float]) -> str:
+    s, c = pair
+    if math.isnan(s) or math.isnan(c) or s <= 0:
+        return "-"
+    return f"{(c - s) * 1e3:+.0f} ms, {c / s - 1:+.1%}"
+
+
+# --- the plot ----------------------------------------------------------------------------------
+def write_png(report: Report, out: Path) -> None:
+    """Latency CDFs (stable vs canary) and the distance histogram; written atomically."""
+    import numpy as np
+
+    try:
+        import matplotlib
+    except ImportError:
+        raise CompareError("--png needs matplotlib: pip install 'tts-predictor[compare]'") from None
+
+    matplotlib.use("Agg")  # no display in CI
+    import matplotlib.pyplot as plt
+
+    from predictor.artifact import atomic_write_bytes
+
+    fig, (ax_lat, ax_mcd) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, xs in (("stable", report.latencies[0]), ("canary", report.latencies[1])):
+        if xs:
+            s = np.sort(np.asarray(xs)) * 1e3
+            ax_lat.step(s, np.arange(1, len(s) + 1) / len(s), where="post", label=f"{name} (n={len(s)})")
+    ax_lat.set(xlabel="latency (ms)", ylabel="fraction of requests", title="latency CDF")
+    ax_lat.grid(alpha=0.3)
+    ax_lat.legend(loc="lower right")
+    if report.distances:
+        ax_mcd.hist(report.distances, bins=min(30, max(5, len(report.distances) // 2)))
+    ax_mcd.set(xlabel="mel-cepstral distortion (dB)", ylabel="matched requests", title="spectral distance, canary vs stable")
+    ax_mcd.grid(alpha=0.3)
+    fig.suptitle(f"{report.canary_revision} vs {report.stable_revision}: {'PASS' if report.passed else 'FAIL'}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(out, buf.getvalue())

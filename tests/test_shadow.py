@@ -1,0 +1,612 @@
+"""Shadow traffic: request ids and the revision on every response, shadow records, canary verdicts.
+
+From the inside out: the fingerprint and the recorder in-process; `compare` on synthetic record
+files; a real predictor's headers and its stdout and S3 sinks (batches, and the tail on SIGTERM);
+then nginx mirroring real requests to a stable and three canaries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import grpc
+import httpx
+import numpy as np
+import pytest
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+
+from bench import nginx
+from conftest import _free_port, aws_env_for, v2_request
+from predictor import cli, compare, metrics, shadow
+from predictor.config import load_settings
+
+SR = 22050
+
+
+# --- helpers ---------------------------------------------------------------------------------
+def voiced(seed: int, seconds: float = 1.5) -> np.ndarray:
+    """Speech-like test audio: a gliding harmonic tone with a syllable-rate envelope."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * SR)) / SR
+    f0 = 110 + 40 * rng.random() + 20 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / SR
+    tone = sum(np.sin(k * phase) / k for k in range(1, 12))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * (3 + rng.random()) * t) ** 2
+    return (0.2 * tone * envelope).astype(np.float32)
+
+
+def record(rid: str, revision: str, audio: np.ndarray, *, latency_s: float = 0.5, status: int = 200) -> dict:
+    ok = status < 400
+    return {
+        "v": 1, "id": rid, "revision": revision, "route": "/v2/models/{model_name}/infer", "status": status,
+        "ts": 1.0, "latency_s": latency_s, "audio_s": len(audio) / SR if ok else None,
+        "sample_rate": SR if ok else None, "items": 1, "text_sha256": shadow.text_sha256([rid]),
+        "mcep": shadow.fingerprint(audio, SR).tolist() if ok else None,
+    }  # fmt: skip
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+N_SYNTH = 40
+LATENCIES = np.linspace(0.4, 0.6, N_SYNTH)
+
+
+@pytest.fixture(scope="module")
+def stable_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("records") / "stable.jsonl"
+    return write_jsonl(path, [record(f"r{i}", "stable", voiced(i), latency_s=LATENCIES[i]) for i in range(N_SYNTH)])
+
+
+def canary(tmp_path: Path, make) -> Path:
+    """Canary records in a directory of two batch files, as a sink writes them."""
+    records = [make(i) for i in range(N_SYNTH)]
+    records = [r for r in records if r is not None]
+    write_jsonl(tmp_path / "canary" / "a.jsonl", records[: len(records) // 2])
+    write_jsonl(tmp_path / "canary" / "b.jsonl", records[len(records) // 2 :])
+    return tmp_path / "canary"
+
+
+def run_compare(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["compare", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "predictor", *args], env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+# --- the fingerprint -------------------------------------------------------------------------
+def test_fingerprint_has_a_fixed_shape_whatever_the_audio_length():
+    short = shadow.fingerprint(voiced(0, seconds=0.01), SR)  # shorter than one analysis window
+    long = shadow.fingerprint(voiced(0, seconds=12.0), SR)
+
+    assert short.shape == long.shape == (shadow.FRAMES, shadow.N_CEPS)
+    assert np.isfinite(short).all() and np.isfinite(long).all()
+
+
+def test_spectral_distance_is_zero_for_the_same_audio_and_grows_with_distortion():
+    clean = voiced(1)
+    noise = np.random.default_rng(0).normal(0, 1, len(clean)).astype(np.float32)
+    fp = shadow.fingerprint(clean, SR)
+
+    same = shadow.mel_cepstral_distortion(fp, shadow.fingerprint(clean.copy(), SR))
+    louder = shadow.mel_cepstral_distortion(fp, shadow.fingerprint(2 * clean, SR))
+    slight = shadow.mel_cepstral_distortion(fp, shadow.fingerprint(clean + 0.002 * noise, SR))
+    heavy = shadow.mel_cepstral_distortion(fp, shadow.fingerprint(clean + 0.05 * noise, SR))
+
+    assert same == 0.0
+    assert louder < 0.01, "overall level (c0) is not part of the distance"
+    assert 0 < slight < heavy
+
+
+# --- the recorder, in-process ----------------------------------------------------------------
+class ListSink:
+    def __init__(self, gate: threading.Event | None = None):
+        self.batches: list[list[dict]] = []
+        self.gate = gate
+
+    def write(self, body: bytes) -> None:
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.batches.append([json.loads(line) for line in body.splitlines()])
+
+
+def _capture(text: str) -> shadow.Capture:
+    c = shadow.Capture()
+    c.add([text], [voiced(len(text))], SR)
+    return c
+
+
+def test_recorder_writes_full_batches_then_the_rest_when_they_are_old_enough():
+    sink = ListSink()
+    recorder = shadow.Recorder(sink, "rev", batch_records=3, flush_s=0.3, queue_size=100)
+
+    for i in range(7):
+        recorder.submit(f"id{i}", "/v2/models/{model_name}/infer", 200, 0.1, _capture(f"text {i}"))
+    deadline = time.monotonic() + 10
+    while sum(map(len, sink.batches)) < 7 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    recorder.close()
+
+    assert [len(b) for b in sink.batches] == [3, 3, 1]
+    first = sink.batches[0][0]
+    assert first["id"] == "id0" and first["revision"] == "rev" and first["status"] == 200
+    assert first["text_sha256"] == shadow.text_sha256(["text 0"])
+    assert np.asarray(first["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+
+
+def test_full_queue_drops_records_instead_of_slowing_the_request():
+    gate = threading.Event()  # the sink hangs until released, as a stalled S3 would
+    recorder = shadow.Recorder(ListSink(gate), "rev", batch_records=1, flush_s=60, queue_size=2)
+    dropped = metrics.SHADOW_RECORDS.labels("dropped")
+    before = dropped._value.get()
+
+    started = time.perf_counter()
+    for i in range(50):
+        recorder.submit(f"id{i}", "/v1/models/{model_name}:predict", 200, 0.1, None)
+    elapsed = time.perf_counter() - started
+    gate.set()
+    recorder.close()
+
+    assert elapsed < 0.5
+    assert dropped._value.get() - before >= 40  # one in the sink, two queued, the rest dropped
+
+
+def test_revision_comes_from_revision_then_knatives_k_revision_then_local():
+    assert load_settings(revision="", k_revision="").revision_name == "local"
+    assert load_settings(revision="", k_revision="tts-00002").revision_name == "tts-00002"
+    assert load_settings(revision="canary", k_revision="tts-00002").revision_name == "canary"
+
+
+# --- compare on synthetic records ------------------------------------------------------------
+def test_identical_canary_passes_with_exit_0(capsys, stable_file, tmp_path):
+    same = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i]))
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(same))
+
+    assert code == 0, out
+    assert "PASS" in out and "match rate       100.0%" in out
+
+
+def test_slower_canary_fails_naming_latency(capsys, stable_file, tmp_path):
+    slow = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i] * 1.5))
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(slow))
+
+    assert code == 1
+    assert "latency p50" in out and "latency p99" in out
+    assert "duration" not in out.split("FAIL", 1)[1] and "spectral" not in out.split("FAIL", 1)[1]
+
+
+def test_longer_audio_fails_naming_duration(capsys, stable_file, tmp_path):
+    longer = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i, seconds=1.5 * 1.2), latency_s=LATENCIES[i]))
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(longer))
+
+    assert code == 1
+    assert "duration ratio 1.200 outside 1 ± 0.05" in out
+
+
+def test_distorted_audio_fails_naming_spectral_distance(capsys, stable_file, tmp_path):
+    rng = np.random.default_rng(7)
+
+    def noisy(i: int) -> dict:
+        audio = voiced(i)
+        return record(f"r{i}", "canary", audio + rng.normal(0, 0.05, len(audio)).astype(np.float32), latency_s=LATENCIES[i])
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(canary(tmp_path, noisy)))
+
+    assert code == 1
+    assert "spectral distance p50" in out
+    assert "duration ratio" not in out.split("FAIL", 1)[1]
+
+
+def test_canary_that_missed_requests_fails_naming_match_rate(capsys, stable_file, tmp_path):
+    sparse = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i]) if i % 4 else None)
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(sparse))
+
+    assert code == 1
+    assert "match rate 75.0% < 95.0%" in out
+
+
+def test_canary_errors_fail_naming_error_rate(capsys, stable_file, tmp_path):
+    failing = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i],
+                                                status=503 if i < 4 else 200))  # fmt: skip
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(failing), "--json")
+
+    assert code == 1
+    summary = json.loads(out)
+    assert summary["verdict"] == "FAIL" and summary["error_rate"] == [0.0, 0.1]
+    assert any(r.startswith("error rate 10.0% vs 0.0%") for r in summary["reasons"])
+
+
+def test_matched_ids_with_different_texts_fail_saying_ids_are_not_unique(capsys, stable_file, tmp_path):
+    def other_text(i: int) -> dict:
+        r = record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i])
+        return {**r, "text_sha256": shadow.text_sha256([f"something else {i}"])} if i == 3 else r
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(canary(tmp_path, other_text)))
+
+    assert code == 1
+    assert "1 matched requests carry different texts" in out
+
+
+def test_png_with_latency_cdfs_and_distance_histogram_is_written_whole(capsys, stable_file, tmp_path):
+    same = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i]))
+    png = tmp_path / "plots" / "verdict.png"
+
+    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(same), "--png", str(png))
+
+    assert code == 0, out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert [p.name for p in png.parent.iterdir()] == ["verdict.png"], "a temporary file was left behind"
+
+
+def test_missing_canary_argument_is_a_usage_error_exit_2(capsys, stable_file):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["compare", "--stable", str(stable_file)])
+
+    assert exc.value.code == 2
+    assert "--canary" in capsys.readouterr().err
+
+
+def test_records_location_that_does_not_exist_exits_2_naming_it(capsys, stable_file, tmp_path):
+    code, _, err = run_compare(capsys, "--stable", str(stable_file), "--canary", str(tmp_path / "nowhere"))
+
+    assert code == 2
+    assert "nowhere: no such file or directory" in err
+
+
+def test_no_overlapping_request_ids_exits_2_saying_so(capsys, stable_file, tmp_path):
+    other = canary(tmp_path, lambda i: record(f"other-{i}", "canary", voiced(i)))
+
+    code, _, err = run_compare(capsys, "--stable", str(stable_file), "--canary", str(other))
+
+    assert code == 2
+    assert "no request id appears on both sides" in err and "x-request-id" in err
+
+
+def test_malformed_record_exits_2_naming_file_and_line(capsys, stable_file, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(record("r0", "canary", voiced(0))) + "\n{not json\n")
+
+    code, _, err = run_compare(capsys, "--stable", str(stable_file), "--canary", str(bad))
+
+    assert code == 2
+    assert f"{bad}:2 is not JSON" in err
+
+
+def test_line_without_the_record_fields_exits_2_naming_it(capsys, stable_file, tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "r0", "status": "200"}])
+
+    code, _, err = run_compare(capsys, "--stable", str(stable_file), "--canary", str(bad))
+
+    assert code == 2
+    assert f"{bad}:1 is not a shadow record" in err
+
+
+# --- a real predictor: headers, stdout sink, S3 sink ------------------------------------------
+@pytest.fixture(scope="module")
+def stdout_predictor(start_predictor):
+    return start_predictor(SHADOW_SINK="stdout", REVISION="rev-stdout", SHADOW_FLUSH_S="0.2")
+
+
+def _records_in(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith('{"v":1,'):
+            out.append(json.loads(line))
+    return out
+
+
+def test_response_echoes_the_callers_request_id_and_names_the_revision(stdout_predictor):
+    r = stdout_predictor.post("/v2/models/tts/infer", json=v2_request("Echo my id."), headers={"X-Request-Id": "abc-123"})
+
+    assert r.status_code == 200
+    assert r.headers["x-request-id"] == "abc-123"
+    assert r.headers["x-tts-revision"] == "rev-stdout"
+
+
+def test_request_id_is_generated_when_absent_on_every_route(stdout_predictor):
+    first = stdout_predictor.get("/v2/health/live")
+    second = stdout_predictor.get("/v2/health/live")
+    missing = stdout_predictor.get("/no/such/route")
+
+    ids = [uuid.UUID(r.headers["x-request-id"]) for r in (first, second, missing)]
+    assert all(i.version == 4 for i in ids) and len(set(ids)) == 3
+    assert missing.status_code == 404 and missing.headers["x-tts-revision"] == "rev-stdout"
+
+
+def test_grpc_call_carries_the_request_id_and_revision_in_initial_metadata(stdout_predictor):
+    with grpc.insecure_channel(stdout_predictor.grpc) as channel:
+        stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
+        _, call = stub.ServerLive.with_call(pb.ServerLiveRequest(), metadata=(("x-request-id", "grpc-42"),), timeout=10)
+
+    metadata = dict(call.initial_metadata())
+    assert metadata["x-request-id"] == "grpc-42" and metadata["x-tts-revision"] == "rev-stdout"
+
+
+def test_stdout_sink_prints_one_record_per_synthesis_request_errors_included(stdout_predictor):
+    ok_id, bad_id, probe_id = (f"stdout-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    stdout_predictor.post("/v1/models/tts:predict", json={"instances": [{"text": "Keep a record."}]},
+                          headers={"X-Request-Id": ok_id})  # fmt: skip
+    stdout_predictor.post("/v2/models/tts/infer", json=v2_request(" "), headers={"X-Request-Id": bad_id})
+    httpx.get(stdout_predictor.url + "/v2/health/live", headers={"X-Request-Id": probe_id}, timeout=5)
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        by_id = {r["id"]: r for r in _records_in(stdout_predictor.logs())}
+        if ok_id in by_id and bad_id in by_id:
+            break
+        time.sleep(0.1)
+    ok, bad = by_id[ok_id], by_id[bad_id]
+    assert ok["status"] == 200 and ok["route"] == "/v1/models/{model_name}:predict" and ok["revision"] == "rev-stdout"
+    assert ok["audio_s"] > 0.5 and ok["sample_rate"] == 22050 and ok["text_sha256"] == shadow.text_sha256(["Keep a record."])
+    assert np.asarray(ok["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+    assert "Keep a record" not in json.dumps(ok), "the text itself must not leave the pod"
+    assert bad["status"] == 400 and bad["mcep"] is None
+    assert probe_id not in by_id, "probes are not synthesis requests"
+
+
+def _wait_for_records(p, *ids: str, timeout_s: float = 20) -> dict[str, dict]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        by_id = {r["id"]: r for r in _records_in(p.logs())}
+        if all(i in by_id for i in ids) or time.monotonic() > deadline:
+            return by_id
+        time.sleep(0.1)
+
+
+def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor):
+    text = b"Over gRPC."
+    request = pb.ModelInferRequest(model_name="tts", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="text", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[text]))])  # fmt: skip
+    with grpc.insecure_channel(stdout_predictor.grpc) as channel:
+        stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
+        stub.ModelInfer(request, metadata=(("x-request-id", "grpc-infer-1"),), timeout=60)
+
+    got = _wait_for_records(stdout_predictor, "grpc-infer-1")["grpc-infer-1"]
+
+    assert got["route"] == "grpc:ModelInfer" and got["status"] == 200 and got["audio_s"] > 0.3
+    assert got["text_sha256"] == shadow.text_sha256(["Over gRPC."])
+
+
+def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predictor):
+    body = {"model": "tts", "input": "First sentence here. And a second one.", "response_format": "pcm"}
+    whole = stdout_predictor.post("/v1/audio/speech", json=body, headers={"X-Request-Id": "speech-1"})
+    streamed = stdout_predictor.post("/v1/audio/speech", json={**body, "stream": True}, headers={"X-Request-Id": "speech-2"})
+
+    got = _wait_for_records(stdout_predictor, "speech-1", "speech-2")
+
+    assert whole.status_code == streamed.status_code == 200
+    for rid, response in (("speech-1", whole), ("speech-2", streamed)):
+        record = got[rid]
+        assert record["route"] == "/v1/audio/speech" and record["items"] == 2
+        assert record["text_sha256"] == shadow.text_sha256(["First sentence here.", "And a second one."])
+        assert np.asarray(record["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+        # Segments are recorded as synthesized, before the crossfade shortens each join a little.
+        assert record["audio_s"] == pytest.approx(len(response.content) / 2 / 22050, abs=0.2)
+
+
+def _s3(endpoint: str):
+    env = aws_env_for(endpoint)
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_DEFAULT_REGION"],
+    )  # fmt: skip
+
+
+def _objects(client, bucket: str, prefix: str) -> list[list[dict]]:
+    listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
+    bodies = [client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in sorted(listing, key=lambda o: o["Key"])]
+    return [[json.loads(line) for line in body.splitlines()] for body in bodies]
+
+
+def test_s3_sink_writes_batches_and_the_tail_on_sigterm(start_predictor, s3_server):
+    client = _s3(s3_server)
+    client.create_bucket(Bucket="shadow-batches")
+    prefix = f"run-{uuid.uuid4().hex[:8]}"
+    p = start_predictor(SHADOW_SINK=f"s3://shadow-batches/{prefix}", REVISION="rev-s3",
+                        SHADOW_BATCH_RECORDS="3", SHADOW_FLUSH_S="3600")  # fmt: skip
+    sent = [f"s3-{i}" for i in range(7)]
+    for i, rid in enumerate(sent):
+        body = v2_request(f"Batch record number {i}.") if i != 6 else v2_request("")
+        p.post("/v2/models/tts/infer", json=body, headers={"X-Request-Id": rid})
+
+    deadline = time.monotonic() + 30
+    while len(_objects(client, "shadow-batches", prefix)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    before_stop = _objects(client, "shadow-batches", prefix)
+    dropped = p.metric("tts_shadow_records_total", outcome="dropped")
+    code = p.stop()
+    after_stop = _objects(client, "shadow-batches", prefix)
+
+    assert [len(b) for b in before_stop] == [3, 3], "two full batches, the seventh record still waiting"
+    assert code == 0
+    assert sorted(len(b) for b in after_stop) == [1, 3, 3]
+    records = {r["id"]: r for batch in after_stop for r in batch}
+    assert sorted(records) == sorted(sent)
+    assert records["s3-6"]["status"] == 400
+    assert records["s3-2"]["text_sha256"] == shadow.text_sha256(["Batch record number 2."])
+    assert {r["revision"] for r in records.values()} == {"rev-s3"}
+    assert dropped == 0
+
+
+# --- end to end: nginx mirroring to three canaries -------------------------------------------
+class SlowProxy:
+    """TCP proxy that forwards each request's headers at once and its body `delay_s` later.
+
+    The predictor's clock starts when the headers arrive, so the delay lands in the latency the
+    canary records, as a canary slow to answer would; nginx opens one upstream connection per
+    mirrored request (HTTP/1.0, no keepalive), so every request is delayed.
+    """
+
+    def __init__(self, upstream_port: int, delay_s: float):
+        self.upstream_port, self.delay_s = upstream_port, delay_s
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        start = asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.server = asyncio.run_coroutine_threadsafe(start, self.loop).result(10)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head and (chunk := await reader.read(65536)):
+                head += chunk
+            split = head.find(b"\r\n\r\n") + 4
+            up_writer.write(head[:split])
+            await up_writer.drain()
+            await asyncio.sleep(self.delay_s)
+            up_writer.write(head[split:])
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            up_writer.close()
+            writer.close()
+
+    @staticmethod
+    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while chunk := await src.read(65536):
+                dst.write(chunk)
+                await dst.drain()
+        except ConnectionError:
+            pass
+        finally:
+            dst.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+MIRROR_TEXTS = [
+    "The canary should sound like stable.", "Short one.", "Shadow traffic never reaches a user.",
+    "Numbers like seven are read aloud.", "A second sentence follows the first. Then a third.",
+]
+N_MIRRORED = 20
+SLOW_S = 3.0
+SYNTH_ROUTES = ("/v2/models/{model_name}/infer", "/v1/models/{model_name}:predict")
+# Four predictors and nginx share CI's two CPUs, so stable's and an identical canary's latencies
+# differ by chance far more than in a real cluster; a 3 s delay still clears these by far.
+LOOSE_LATENCY = ("--max-p50-increase", "1.0", "--max-p99-increase", "3.0")
+
+
+@pytest.fixture(scope="module")
+def mirrored(start_predictor, s3_server, tmp_path_factory):
+    """N requests through nginx to stable, mirrored to an identical canary, one speaking slower
+    (DEFAULT_LENGTH_SCALE) and one behind a slow link; every predictor stopped, records flushed."""
+    client = _s3(s3_server)
+    client.create_bucket(Bucket="shadow-e2e")
+    run = uuid.uuid4().hex[:8]
+    uris = {name: f"s3://shadow-e2e/{run}/{name}" for name in ("stable", "same", "slower-speech", "slow")}
+    extra = {"slower-speech": {"DEFAULT_LENGTH_SCALE": "1.3"}}
+    predictors = {
+        name: start_predictor(wait=False, SHADOW_SINK=uri, SHADOW_FLUSH_S="1", REVISION=name, **extra.get(name, {}))
+        for name, uri in uris.items()
+    }
+    for p in predictors.values():
+        p.wait_ready()
+    proxy = SlowProxy(predictors["slow"].http_port, SLOW_S)
+    prefix = tmp_path_factory.mktemp("nginx")
+    port = _free_port()
+    mirrors = [predictors["same"].url, predictors["slower-speech"].url, proxy.url]
+    conf = nginx.write_conf(prefix, nginx.mirror_conf(port, predictors["stable"].url, mirrors))
+    proc = subprocess.Popen(nginx.argv(nginx.ensure_nginx(), prefix, conf), stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(base + "/v2/health/live", timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        sent, answered = [], []
+        for i in range(N_MIRRORED):
+            text = MIRROR_TEXTS[i % len(MIRROR_TEXTS)]
+            # A seed makes both revisions' noise the same, so an identical canary's audio is identical.
+            if i % 2:
+                path, body = "/v2/models/tts/infer", v2_request(text, seed=i)
+            else:
+                path, body = "/v1/models/tts:predict", {"instances": [{"text": text}], "parameters": {"seed": i}}
+            headers = {"X-Request-Id": f"client-{run}-{i}"} if i % 3 == 0 else {}
+            r = httpx.post(base + path, json=body, headers=headers, timeout=120)  # a fresh connection each
+            assert r.status_code == 200, r.text
+            sent.append(headers.get("X-Request-Id"))
+            answered.append(r.headers["x-request-id"])
+        # Mirrored requests finish after the client's answers; wait for each canary to have all of them.
+        for name in ("same", "slower-speech", "slow"):
+            p = predictors[name]
+            deadline = time.monotonic() + 60
+            while sum(p.metric("tts_requests_total", route=r, code="200") for r in SYNTH_ROUTES) < N_MIRRORED:
+                assert time.monotonic() < deadline, f"{name} did not see every mirrored request"
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proxy.close()
+        codes = {name: p.stop() for name, p in predictors.items()}
+    assert codes == dict.fromkeys(uris, 0)
+    return {"uris": uris, "sent": sent, "answered": answered, "env": aws_env_for(s3_server)}
+
+
+def test_request_ids_propagate_through_the_mirror_to_every_predictor(mirrored, s3_env):
+    ids = {name: sorted(r["id"] for r in compare.load_records(uri)) for name, uri in mirrored["uris"].items()}
+
+    given = [(s, a) for s, a in zip(mirrored["sent"], mirrored["answered"], strict=True) if s]
+    assert given and all(s == a for s, a in given), "the client's own ids come back"
+    assert len(set(mirrored["answered"])) == N_MIRRORED, "nginx generated a distinct id for the rest"
+    assert all(got == sorted(mirrored["answered"]) for got in ids.values()), ids
+
+
+def test_identical_canary_passes(mirrored):
+    run = run_cli("compare", "--stable", mirrored["uris"]["stable"], "--canary", mirrored["uris"]["same"],
+                  *LOOSE_LATENCY, env=mirrored["env"])  # fmt: skip
+
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "match rate       100.0%" in run.stdout and "p50 0.00 dB" in run.stdout
+
+
+def test_canary_with_other_synthesis_settings_fails_naming_duration(mirrored):
+    run = run_cli("compare", "--stable", mirrored["uris"]["stable"], "--canary", mirrored["uris"]["slower-speech"],
+                  *LOOSE_LATENCY, "--json", env=mirrored["env"])  # fmt: skip
+
+    assert run.returncode == 1, run.stdout + run.stderr
+    summary = json.loads(run.stdout)
+    assert 1.1 < summary["duration_ratio"] < 1.35  # length_scale 1.3 stretches speech, not the edges
+    assert any(r.startswith("duration ratio") for r in summary["reasons"]), summary["reasons"]
+
+
+def test_canary_with_injected_latency_fails_naming_latency(mirrored, tmp_path):
+    png = tmp_path / "slow.png"
+    run = run_cli("compare", "--stable", mirrored["uris"]["stable"], "--canary", mirrored["uris"]["slow"],
+                  *LOOSE_LATENCY, "--png", str(png), env=mirrored["env"])  # fmt: skip
+
+    reasons = run.stdout.split("FAIL", 1)[-1]
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "latency p50" in reasons
+    assert "duration" not in reasons and "spectral" not in reasons
+    assert png.read_bytes()[:4] == b"\x89PNG"
