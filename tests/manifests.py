@@ -176,12 +176,17 @@ def _matches(resource: _Resource, target: Obj) -> bool:
 
 
 def json_patch(doc: Obj, op: Obj) -> None:
-    """Apply one RFC 6902 operation (add, replace, remove) in place."""
+    """Apply one RFC 6902 operation (add, replace, remove, test) in place."""
     *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
     node: Any = doc
     for part in parents:
         node = node[int(part)] if isinstance(node, list) else node[part]
     kind = op["op"]
+    if kind == "test":
+        actual = node[int(last)] if isinstance(node, list) else node.get(last)
+        if actual != op["value"]:
+            raise RenderError(f"test {op['path']}: expected {op['value']!r}, found {actual!r}")
+        return
     if isinstance(node, list):
         index = len(node) if last == "-" else int(last)
         if kind == "add":
@@ -557,6 +562,11 @@ def can_scale_to_zero(deployment: Deployment, service_host: str) -> tuple[bool, 
 
 def _mirror_problems(deployment: Deployment) -> list[str]:
     problems = []
+    if deployment.kind("VirtualService"):
+        # compare joins two record sets; revisions sharing one sink could not be told apart.
+        sinks = {i["metadata"]["name"]: container_env(predictor_container(i)).get("SHADOW_SINK", "") for i in deployment.kind("InferenceService")}
+        if "" in sinks.values() or len(set(sinks.values())) < len(sinks):
+            problems.append(f"shadow records: every InferenceService needs its own SHADOW_SINK ({sinks})")
     for vs in deployment.kind("VirtualService"):
         for route in vs["spec"].get("http", []):
             for mirror in [route.get("mirror")] + [m.get("destination") for m in route.get("mirrors", [])]:
