@@ -21,8 +21,10 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
-from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
+# Triton's copy of the v2 protos, as the other test modules load: KServe's and Triton's define the same
+# `inference.*` symbols and cannot share one process.
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as grpc_predict_v2_pb2_grpc
 
 from bench import nginx
 from conftest import _free_port, aws_env_for, v2_request
