@@ -100,7 +100,8 @@ class Child:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def stop(self, grace_s: float = 15.0) -> None:
+    def stop(self, grace_s: float = 15.0) -> int:
+        """SIGTERM, SIGKILL after `grace_s`; the exit status."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -109,6 +110,7 @@ class Child:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        return self.proc.returncode
 
 
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str, child: Child | None = None,

@@ -316,25 +316,26 @@ class OutputStore:
             )
 
 
-def _get_json(client, bucket: str, key: str) -> dict[str, Any] | None:
-    from botocore.exceptions import ClientError
+_NOT_FOUND = ("NoSuchKey", "404", "NotFound")
 
-    try:
-        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except ClientError as exc:
-        if _code(exc) in ("NoSuchKey", "404", "NotFound"):
-            return None
-        raise
-    return json.loads(body)
+
+def _get_json(client, bucket: str, key: str) -> dict[str, Any] | None:
+    found = _unless_missing(lambda: client.get_object(Bucket=bucket, Key=key))
+    return None if found is None else json.loads(found["Body"].read())
 
 
 def _head(client, bucket: str, key: str) -> dict[str, Any] | None:
+    return _unless_missing(lambda: client.head_object(Bucket=bucket, Key=key))
+
+
+def _unless_missing(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """The call's answer, or None when the object does not exist."""
     from botocore.exceptions import ClientError
 
     try:
-        return client.head_object(Bucket=bucket, Key=key)
+        return call()
     except ClientError as exc:
-        if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+        if _code(exc) in _NOT_FOUND:
             return None
         raise
 

@@ -102,19 +102,21 @@ class _GrpcErrors(ExceptionToStatusInterceptor):
         rid = shadow.request_id(incoming if isinstance(incoming, str) else None)
         await context.send_initial_metadata(((shadow.REQUEST_ID_HEADER, rid), (shadow.REVISION_HEADER, self._revision)))
         started = time.perf_counter()
-        captured, token = shadow.begin()
+        # Audio is captured only for calls that will leave a record, as in the REST middleware.
+        recorded = self._recorder is not None and name in GRPC_SYNTHESIS_METHODS
+        captured, token = shadow.begin() if recorded else (None, None)
         try:
             return await super().intercept(method, request_or_iterator, context, method_name)
         except BaseException:
             code = context.code() or StatusCode.UNKNOWN
             raise
         finally:
-            shadow.end(token)
             route = "grpc:" + name
             metrics.REQUESTS.labels(route, code.name).inc()
             if code != StatusCode.OK:
                 metrics.ERRORS.labels(route, code.name).inc()
-            if self._recorder is not None and name in GRPC_SYNTHESIS_METHODS:
+            if recorded:
+                shadow.end(token)
                 status = _GRPC_AS_HTTP.get(code, 500)
                 self._recorder.submit(rid, route, status, time.perf_counter() - started, captured)
 

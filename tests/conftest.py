@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.common import Child, wait_until
 from predictor.artifact import build_default_voice, publish
 
 VOICE_URI = "s3://voices/en_US-joe-medium"
@@ -115,14 +115,13 @@ def published_voice(s3_server: str, voice_dir: Path) -> str:
 SECRET = "never-log-this-secret-0123456789"
 
 
-class PredictorProcess:
+class PredictorProcess(Child):
     """`python -m predictor serve` on free ports, with its log captured to a file."""
 
     def __init__(self, env: dict[str, str], log_path: Path):
         self.http_port, self.grpc_port = _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
-        self.log_path = log_path
         full_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "OTEL_"))},
             "HTTP_PORT": str(self.http_port),
@@ -131,10 +130,7 @@ class PredictorProcess:
             **env,
         }
         self.env = full_env
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "predictor", "serve"], env=full_env, stdout=self._log, stderr=subprocess.STDOUT
-        )
+        super().__init__("predictor", [sys.executable, "-m", "predictor", "serve"], full_env, log_path)
 
     def get(self, path: str, timeout: float = 5.0) -> httpx.Response:
         return httpx.get(self.url + path, timeout=timeout)
@@ -169,20 +165,9 @@ class PredictorProcess:
                     return sample.value
         return 0.0
 
-    def logs(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+    def stop(self, grace_s: float = 30.0) -> int:
+        # Longer than bench's default: the drain on SIGTERM may take DRAIN_TIMEOUT_S.
+        return super().stop(grace_s)
 
 
 @pytest.fixture(scope="session")
@@ -226,7 +211,7 @@ def v2_request(*texts: str, **parameters) -> dict:
 # --- Prometheus (the Debian package) as a real process ------------------------------------------
 
 
-class PrometheusProcess:
+class PrometheusProcess(Child):
     """Debian's prometheus on a free port, scraping `targets` and evaluating `rule_files` every second."""
 
     def __init__(self, workdir: Path, targets: list[tuple[str, dict[str, str]]], rule_files: list[Path]):
@@ -246,30 +231,14 @@ class PrometheusProcess:
         }
         config_path = workdir / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config))
-        self.log_path = workdir / "prometheus.log"
-        with open(self.log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config_path}",
-                    f"--storage.tsdb.path={workdir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                ],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}: {self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus not ready on {self.url}: {self.log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
+        argv = [
+            binary,
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
+        super().__init__("prometheus", argv, dict(os.environ), workdir / "prometheus.log")
+        wait_until(lambda: httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200, 60, "prometheus ready", self)
 
     def query(self, expr: str) -> list[dict]:
         """Instant query through the HTTP API; the result vector (raises on a query error)."""
@@ -285,15 +254,6 @@ class PrometheusProcess:
     def rules(self) -> list[dict]:
         groups = httpx.get(f"{self.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
         return [rule for group in groups for rule in group["rules"]]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture

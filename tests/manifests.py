@@ -99,7 +99,8 @@ def _build(path: Path) -> list[_Resource]:
     for entry in spec.get("components", []):
         component = (path / entry).resolve()
         component_spec = _load_kustomization(component, kind="Component")
-        resources += _build_resources_only(component, component_spec)
+        if component_spec.get("resources"):
+            raise RenderError(f"{component}: resources in a Component are not supported by this renderer")
         _apply_patches(resources, component_spec, component)
     _apply_patches(resources, spec, path)
     for resource in resources:
@@ -109,12 +110,6 @@ def _build(path: Path) -> list[_Resource]:
         if spec.get("namespace") and resource.obj["kind"] not in CLUSTER_SCOPED:
             meta["namespace"] = spec["namespace"]
     return resources
-
-
-def _build_resources_only(path: Path, spec: Obj) -> list[_Resource]:
-    if spec.get("resources"):
-        raise RenderError(f"{path}: resources in a Component are not supported by this renderer")
-    return []
 
 
 SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "components", "patches", "namespace", "namePrefix", "nameSuffix"}
@@ -410,6 +405,10 @@ class Deployment:
     def named(self, kind: str, name: str) -> Obj | None:
         return next((o for o in self.kind(kind) if o["metadata"]["name"] == name), None)
 
+    def inference_service_behind(self, service: str) -> Obj | None:
+        """The InferenceService whose predictor KServe names `service` (Deployment and Service `<isvc>-predictor`)."""
+        return next((i for i in self.kind("InferenceService") if f"{i['metadata']['name']}-predictor" == service), None)
+
 
 def predictor_container(isvc: Obj) -> Obj:
     return next(c for c in isvc["spec"]["predictor"]["containers"] if c["name"] == "kserve-container")
@@ -549,7 +548,7 @@ def _eventing_problems(deployment: Deployment, defaults: dict[str, Any]) -> list
 def can_scale_to_zero(deployment: Deployment, service_host: str) -> tuple[bool, str]:
     """Whether the InferenceService behind `<isvc>-predictor[.ns.svc...]` may have zero pods."""
     service = service_host.split(".")[0]
-    isvc = next((i for i in deployment.kind("InferenceService") if f"{i['metadata']['name']}-predictor" == service), None)
+    isvc = deployment.inference_service_behind(service)
     if isvc is None:
         return True, f"no InferenceService serves {service_host}"
     if isvc["spec"]["predictor"].get("minReplicas", 1) == 0:
@@ -584,7 +583,7 @@ def _keda_problems(deployment: Deployment) -> list[str]:
     for scaled in deployment.kind("ScaledObject"):
         where = describe(scaled)
         target = scaled["spec"]["scaleTargetRef"]["name"]
-        isvc = next((i for i in deployment.kind("InferenceService") if f"{i['metadata']['name']}-predictor" == target), None)
+        isvc = deployment.inference_service_behind(target)
         if isvc is None:
             problems.append(f"{where}: scales {target}, which no InferenceService creates")
         elif isvc["metadata"].get("annotations", {}).get("serving.kserve.io/autoscalerClass") != "external":

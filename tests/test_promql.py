@@ -7,10 +7,10 @@ import shutil
 import subprocess
 import threading
 import time
+from functools import cache
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 
 import manifests
@@ -23,8 +23,9 @@ ALERT = re.compile(r"^(?P<signal>.+?)\s*>\s*(?P<threshold>[0-9.]+)$", re.S)
 SENTENCE = "Scaling from zero works when the queue depth is measured where the requests wait."
 
 
-def _flavours() -> list[Deployment]:
-    return [Deployment(manifests.render(overlay)) for overlay in ("knative/overlays/cpu", "keda/overlays/cpu")]
+@cache
+def _flavours() -> tuple[Deployment, ...]:
+    return tuple(Deployment(manifests.render(overlay)) for overlay in ("knative/overlays/cpu", "keda/overlays/cpu"))
 
 
 def _rule_groups() -> list[dict]:
