@@ -16,7 +16,7 @@ import shutil
 import signal
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from types import FrameType
 
@@ -53,8 +53,14 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         return shadow.run(session, n=args.shadow_n)
     from bench import fetch
 
-    return fetch.run(session, size_mib=args.fetch_mib, files=args.fetch_files, cap_mib_s=args.cap_mib_s,
-                     concurrency=args.fetch_concurrency, part_size_mib=args.part_size_mib)
+    return fetch.run(
+        session,
+        size_mib=args.fetch_mib,
+        files=args.fetch_files,
+        cap_mib_s=args.cap_mib_s,
+        concurrency=args.fetch_concurrency,
+        part_size_mib=args.part_size_mib,
+    )
 
 
 def _engines(args: argparse.Namespace) -> list[str]:
@@ -78,16 +84,20 @@ def _run_with_retry(name: str, session: Session, args: argparse.Namespace) -> Su
         t = time.perf_counter()
         try:
             res = _run_suite(name, session, args)
-        except Exception as exc:  # noqa: BLE001 - reported, logs kept, retried once
+        except Exception as exc:
             kept = _keep_logs(session, name, attempt)
             log(f"{name} failed: {exc!r}; child logs kept in {kept}")
             if attempt == 2:
-                return SuiteResult(details={"error": repr(exc), "logs": str(kept)},
-                                   notes=[f"FAILED twice: {exc!r} (logs: {kept})"])
+                return SuiteResult(
+                    details={"error": repr(exc), "logs": str(kept)},
+                    notes=[f"FAILED twice: {exc!r} (logs: {kept})"],
+                )
             continue
         log(f"{name} took {time.perf_counter() - t:.0f} s")
         if attempt == 2:
-            res.notes.append("first attempt failed (see bench/results/failed-*); these numbers are the second")
+            res.notes.append(
+                "first attempt failed (see bench/results/failed-*); these numbers are the second"
+            )
         return res
     raise AssertionError("unreachable")
 
@@ -127,7 +137,11 @@ def table(rows: list[Row]) -> str:
     head = ("benchmark", "measured", "baseline (same run)", "ratio", "goal", "met")
     body = []
     for r in rows:
-        base = f"{r.baseline_name} {_fmt(r.baseline, r.unit if r.ratio_label != 'RTF' else 's')}" if r.baseline_name else ""
+        base = (
+            f"{r.baseline_name} {_fmt(r.baseline, r.unit if r.ratio_label != 'RTF' else 's')}"
+            if r.baseline_name
+            else ""
+        )
         met = "" if r.met is None else ("yes" if r.met else "NO")
         body.append((f"[{r.suite}] {r.name}", _fmt(r.value, r.unit), base.strip(), _ratio(r), r.goal, met))
     widths = [max(len(str(x[i])) for x in (head, *body)) for i in range(len(head))]
@@ -135,23 +149,35 @@ def table(rows: list[Row]) -> str:
     out = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)), line]
     out += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in body]
     notes = [f"  {r.name.strip()}: {r.note}" for r in rows if r.note]
-    return "\n".join(out + ["", "row notes:", *notes])
+    return "\n".join([*out, "", "row notes:", *notes])
 
 
 def _machine() -> dict:
     cpu = ""
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    with suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
+        cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     versions = {}
-    for dist in ("kserve", "kserve-storage", "onnxruntime", "piper-tts", "moto", "boto3", "httpx", "tritonclient"):
+    for dist in (
+        "kserve",
+        "kserve-storage",
+        "onnxruntime",
+        "piper-tts",
+        "moto",
+        "boto3",
+        "httpx",
+        "tritonclient",
+    ):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
-    return {"cpu": cpu, "cpus": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-            "platform": platform.platform(), "versions": versions}
+    return {
+        "cpu": cpu,
+        "cpus": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": versions,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,16 +185,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suite", nargs="?", default="all", choices=(*SUITES, "all"))
     parser.add_argument("--fetch-mib", type=int, default=1024, help="fetch artifact size, MiB (default 1024)")
     parser.add_argument("--fetch-files", type=int, default=4, help="files in the fetch artifact (default 4)")
-    parser.add_argument("--cap-mib-s", type=int, default=0, help="per-connection cap of the S3 proxy, MiB/s (default 20)")
-    parser.add_argument("--fetch-concurrency", type=int, default=0, help="our fetch's connections (default: FETCH_CONCURRENCY's default)")
-    parser.add_argument("--part-size-mib", type=int, default=0, help="our fetch's part size (default: FETCH_PART_SIZE_MIB's default)")
-    parser.add_argument("--engine", default="both", choices=("onnx", "torch", "both"),
-                        help="engine(s) for the coldstart and latency suites (default both)")
-    parser.add_argument("--no-compile", action="store_true", help="engines suite: skip torch.compile (slow to build)")
-    parser.add_argument("--no-chapter", action="store_true", help="serving suite: skip the 50,000-character text (minutes)")
-    parser.add_argument("--events-requests", type=int, default=40, help="events suite: requests per mode (default 40)")
-    parser.add_argument("--events-concurrency", type=int, default=2, help="events suite: concurrent clients (default 2)")
-    parser.add_argument("--shadow-n", type=int, default=200, help="shadow suite: requests per side (default 200)")
+    parser.add_argument(
+        "--cap-mib-s", type=int, default=0, help="per-connection cap of the S3 proxy, MiB/s (default 20)"
+    )
+    parser.add_argument(
+        "--fetch-concurrency",
+        type=int,
+        default=0,
+        help="our fetch's connections (default: FETCH_CONCURRENCY's default)",
+    )
+    parser.add_argument(
+        "--part-size-mib",
+        type=int,
+        default=0,
+        help="our fetch's part size (default: FETCH_PART_SIZE_MIB's default)",
+    )
+    parser.add_argument(
+        "--engine",
+        default="both",
+        choices=("onnx", "torch", "both"),
+        help="engine(s) for the coldstart and latency suites (default both)",
+    )
+    parser.add_argument(
+        "--no-compile", action="store_true", help="engines suite: skip torch.compile (slow to build)"
+    )
+    parser.add_argument(
+        "--no-chapter", action="store_true", help="serving suite: skip the 50,000-character text (minutes)"
+    )
+    parser.add_argument(
+        "--events-requests", type=int, default=40, help="events suite: requests per mode (default 40)"
+    )
+    parser.add_argument(
+        "--events-concurrency", type=int, default=2, help="events suite: concurrent clients (default 2)"
+    )
+    parser.add_argument(
+        "--shadow-n", type=int, default=200, help="shadow suite: requests per side (default 200)"
+    )
     args = parser.parse_args(argv)
     suites = SUITES if args.suite == "all" else (args.suite,)
 
@@ -194,13 +246,20 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"  {n}" for n in notes))
     elapsed = time.perf_counter() - started
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "suites": list(suites),
-        "elapsed_s": elapsed,
-        "machine": _machine(),
-        "results": {name: res.to_json() for name, res in results.items()},
-    }, indent=2, default=str) + "\n")
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "suites": list(suites),
+                "elapsed_s": elapsed,
+                "machine": _machine(),
+                "results": {name: res.to_json() for name, res in results.items()},
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     print(f"\nwrote {RESULTS.relative_to(REPO)} ({elapsed:.0f} s in all)")
     return 1 if failed else 0
 

@@ -22,13 +22,17 @@ FLOOR_IMPORTS = {
 
 def floor_code(engine: str) -> str:
     return f"import time; t = time.perf_counter(); import {FLOOR_IMPORTS[engine]}; print(time.perf_counter() - t)"
+
+
 PHASES = ("fetch", "load", "warmup")
 
 
 def floor_once(engine: str) -> tuple[float, float]:
     """(wall seconds of the whole subprocess, seconds spent in the imports as it reports them)."""
     start = time.perf_counter()
-    out = subprocess.run([PYTHON, "-c", floor_code(engine)], env=child_env({}), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [PYTHON, "-c", floor_code(engine)], env=child_env({}), capture_output=True, text=True, check=True
+    )
     return time.perf_counter() - start, float(out.stdout.strip().splitlines()[-1])
 
 
@@ -52,7 +56,11 @@ def predictor_once(session: Session, model_dir, engine: str) -> dict:
 
 
 def _summary(r: dict) -> str:
-    return f"exec->ready {r['exec_to_ready_s']:.3f} s (" + ", ".join(f"{ph} {r[f'{ph}_s']:.3f}" for ph in PHASES) + ")"
+    return (
+        f"exec->ready {r['exec_to_ready_s']:.3f} s ("
+        + ", ".join(f"{ph} {r[f'{ph}_s']:.3f}" for ph in PHASES)
+        + ")"
+    )
 
 
 def run(session: Session, engine: str = "onnx") -> SuiteResult:
@@ -70,27 +78,68 @@ def run(session: Session, engine: str = "onnx") -> SuiteResult:
         floors.append({"wall_s": wall, "imports_s": imports})
         model_dir = session.path("model")  # fresh emptyDir: the artifact is downloaded from S3
         cold.append(predictor_once(session, model_dir, engine))
-        restart.append(predictor_once(session, model_dir, engine))  # same dir: verified files, fetch skips them
-        log(f"round {i + 1}: floor {wall:.3f} s (imports {imports:.3f} s); "
-            f"cold {_summary(cold[-1])}; restart {_summary(restart[-1])}")
+        restart.append(
+            predictor_once(session, model_dir, engine)
+        )  # same dir: verified files, fetch skips them
+        log(
+            f"round {i + 1}: floor {wall:.3f} s (imports {imports:.3f} s); "
+            f"cold {_summary(cold[-1])}; restart {_summary(restart[-1])}"
+        )
 
     floor = median([f["wall_s"] for f in floors])
 
     def med(runs: list[dict], key: str) -> float:
         return median([r[key] for r in runs if r[key] is not None])
 
-    res.rows.append(Row(suite, "floor: import kserve + engine pkgs (fresh interpreter)", floor, "s",
-                        note=f"median of {RUNS}; in-process imports {median([f['imports_s'] for f in floors]):.3f} s"))
-    for label, runs in (("cold (download from S3)", cold), ("restart (files verified, fetch skips)", restart)):
+    res.rows.append(
+        Row(
+            suite,
+            "floor: import kserve + engine pkgs (fresh interpreter)",
+            floor,
+            "s",
+            note=f"median of {RUNS}; in-process imports {median([f['imports_s'] for f in floors]):.3f} s",
+        )
+    )
+    for label, runs in (
+        ("cold (download from S3)", cold),
+        ("restart (files verified, fetch skips)", restart),
+    ):
         e2r = med(runs, "exec_to_ready_s")
         ratio = e2r / floor
-        res.rows.append(Row(suite, f"exec->ready, {label}", e2r, "s", "floor", floor, ratio,
-                            goal="<= 1.2", met=ratio <= 1.2, note=f"median of {RUNS}"))
+        res.rows.append(
+            Row(
+                suite,
+                f"exec->ready, {label}",
+                e2r,
+                "s",
+                "floor",
+                floor,
+                ratio,
+                goal="<= 1.2",
+                met=ratio <= 1.2,
+                note=f"median of {RUNS}",
+            )
+        )
         for ph in PHASES:
             v = med(runs, f"{ph}_s")
-            res.rows.append(Row(suite, f"  phase {ph}", v, "s", "exec->ready", e2r, v / e2r,
-                                note="phases overlap the imports; share of exec->ready"))
-    res.details = {"floor_runs": floors, "cold_runs": cold, "restart_runs": restart,
-                   "floor_imports": FLOOR_IMPORTS[engine], "poll_interval_s": 0.01}
+            res.rows.append(
+                Row(
+                    suite,
+                    f"  phase {ph}",
+                    v,
+                    "s",
+                    "exec->ready",
+                    e2r,
+                    v / e2r,
+                    note="phases overlap the imports; share of exec->ready",
+                )
+            )
+    res.details = {
+        "floor_runs": floors,
+        "cold_runs": cold,
+        "restart_runs": restart,
+        "floor_imports": FLOOR_IMPORTS[engine],
+        "poll_interval_s": 0.01,
+    }
     res.notes.append("cold fetch is from moto (a slow local S3); the fetch phase is shown separately above.")
     return res

@@ -113,12 +113,19 @@ class Child:
         return self.proc.returncode
 
 
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str, child: Child | None = None,
-               interval_s: float = 0.05) -> None:
+def wait_until(
+    check: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    child: Child | None = None,
+    interval_s: float = 0.05,
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if child is not None and not child.alive():
-            raise RuntimeError(f"{child.name} exited ({child.proc.returncode}) before {what}:\n{child.logs()[-3000:]}")
+            raise RuntimeError(
+                f"{child.name} exited ({child.proc.returncode}) before {what}:\n{child.logs()[-3000:]}"
+            )
         try:
             if check():
                 return
@@ -175,7 +182,9 @@ class Session:
         if self._moto is None:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            child = self.start("moto", [PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], child_env({}))
+            child = self.start(
+                "moto", [PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], child_env({})
+            )
             wait_until(lambda: httpx.get(url + "/", timeout=1).status_code < 600, 60, "moto", child)
             log(f"moto S3 on {url}")
             # boto3 in this process (publishing, uploading) talks to moto with its dummy credentials.
@@ -208,16 +217,18 @@ class Predictor:
     def __init__(self, session: Session, model_dir: Path, **env: str):
         self.http_port = free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
-        full = child_env({
-            **aws_env(session.moto),
-            "STORAGE_URI": session.voice,
-            "MODEL_DIR": str(model_dir),
-            "HTTP_PORT": str(self.http_port),
-            "GRPC_PORT": str(free_port()),
-            "CPU_THREADS": str(THREADS),
-            "LOG_FORMAT": "json",
-            **env,
-        })
+        full = child_env(
+            {
+                **aws_env(session.moto),
+                "STORAGE_URI": session.voice,
+                "MODEL_DIR": str(model_dir),
+                "HTTP_PORT": str(self.http_port),
+                "GRPC_PORT": str(free_port()),
+                "CPU_THREADS": str(THREADS),
+                "LOG_FORMAT": "json",
+                **env,
+            }
+        )
         self.client = httpx.Client(base_url=self.url, timeout=60)
         self.child = session.start("predictor", [PYTHON, "-m", "predictor", "serve"], full)
         self.started = self.child.started
@@ -227,7 +238,9 @@ class Predictor:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.child.alive():
-                raise RuntimeError(f"predictor exited ({self.child.proc.returncode}):\n{self.child.logs()[-3000:]}")
+                raise RuntimeError(
+                    f"predictor exited ({self.child.proc.returncode}):\n{self.child.logs()[-3000:]}"
+                )
             try:
                 if self.client.get("/v2/models/tts/ready", timeout=2).status_code == 200:
                     return time.perf_counter() - self.started

@@ -76,22 +76,54 @@ def run(session: Session, compiled: bool = True) -> SuiteResult:
 
     for workload in workloads:
         base = median(speeds[("onnx", workload)])
-        res.rows.append(Row("engines", f"onnxruntime, {workload}: audio s per wall s", base, "x",
-                            note=f"RTF {1 / base:.3f}; median of {ROUNDS}"))
+        res.rows.append(
+            Row(
+                "engines",
+                f"onnxruntime, {workload}: audio s per wall s",
+                base,
+                "x",
+                note=f"RTF {1 / base:.3f}; median of {ROUNDS}",
+            )
+        )
         for name in engines:
             if name == "onnx":
                 continue
             v = median(speeds[(name, workload)])
             goal = ">= 1.0" if (name, workload) == ("torch", "single") else ""
-            res.rows.append(Row("engines", f"{name}, {workload}: audio s per wall s", v, "x", "onnxruntime", base,
-                                v / base, goal=goal, met=(v / base >= 1.0) if goal else None,
-                                note=f"RTF {1 / v:.3f}; median of {ROUNDS}"))
+            res.rows.append(
+                Row(
+                    "engines",
+                    f"{name}, {workload}: audio s per wall s",
+                    v,
+                    "x",
+                    "onnxruntime",
+                    base,
+                    v / base,
+                    goal=goal,
+                    met=(v / base >= 1.0) if goal else None,
+                    note=f"RTF {1 / v:.3f}; median of {ROUNDS}",
+                )
+            )
     for name, times in setup.items():
-        res.rows.append(Row("engines", f"{name}: load + warm-up (in-process)", times["load_s"] + times["warmup_s"], "s",
-                            "onnxruntime", setup["onnx"]["load_s"] + setup["onnx"]["warmup_s"],
-                            (times["load_s"] + times["warmup_s"]) / (setup["onnx"]["load_s"] + setup["onnx"]["warmup_s"]),
-                            note=f"load {times['load_s']:.3f} s, warm-up {times['warmup_s']:.3f} s"))
-    res.details = {"speeds": {f"{k[0]}|{k[1]}": v for k, v in speeds.items()}, "setup": setup, "threads": THREADS}
-    res.notes.append("torch batches a request's sentences (sorted by length) in one forward pass; "
-                     "onnxruntime runs them one by one (Piper's export returns padded tails as noise).")
+        res.rows.append(
+            Row(
+                "engines",
+                f"{name}: load + warm-up (in-process)",
+                times["load_s"] + times["warmup_s"],
+                "s",
+                "onnxruntime",
+                setup["onnx"]["load_s"] + setup["onnx"]["warmup_s"],
+                (times["load_s"] + times["warmup_s"]) / (setup["onnx"]["load_s"] + setup["onnx"]["warmup_s"]),
+                note=f"load {times['load_s']:.3f} s, warm-up {times['warmup_s']:.3f} s",
+            )
+        )
+    res.details = {
+        "speeds": {f"{k[0]}|{k[1]}": v for k, v in speeds.items()},
+        "setup": setup,
+        "threads": THREADS,
+    }
+    res.notes.append(
+        "torch batches a request's sentences (sorted by length) in one forward pass; "
+        "onnxruntime runs them one by one (Piper's export returns padded tails as noise)."
+    )
     return res

@@ -34,7 +34,10 @@ REQUEST_TYPE = "dev.tts-predictor.synthesize.v1"
 
 
 def _v2(text: str) -> dict:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}], "parameters": PARAMS}
+    return {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+        "parameters": PARAMS,
+    }
 
 
 def _closed_loop(url: str, jobs: list[Callable[[httpx.Client], httpx.Response]], concurrency: int) -> dict:
@@ -73,8 +76,13 @@ def _closed_loop(url: str, jobs: list[Callable[[httpx.Client], httpx.Response]],
 
 
 def _event(text: str, event_id: str, output: str) -> Callable[[httpx.Client], httpx.Response]:
-    headers = {"ce-specversion": "1.0", "ce-type": REQUEST_TYPE, "ce-source": "/bench/events", "ce-id": event_id,
-               "content-type": "application/json"}  # fmt: skip
+    headers = {
+        "ce-specversion": "1.0",
+        "ce-type": REQUEST_TYPE,
+        "ce-source": "/bench/events",
+        "ce-id": event_id,
+        "content-type": "application/json",
+    }
     body = json.dumps({"text": text, "output": output, **PARAMS})
     return lambda http: http.post("/v1/models/tts:predict", headers=headers, content=body)
 
@@ -107,20 +115,55 @@ def run(session: Session, requests: int = 40, concurrency: int = 2) -> SuiteResu
     stored = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{run_id}/")
     audio_objects = [o for o in stored.get("Contents", []) if o["Key"].endswith(".wav")]
     if len(audio_objects) != requests + 1 or written.get("replayed", 0) != requests:
-        raise RuntimeError(f"expected {requests + 1} outputs and {requests} replays, got {len(audio_objects)} "
-                           f"and {written.get('replayed')}: exactly-once is broken, the figures mean nothing")
+        raise RuntimeError(
+            f"expected {requests + 1} outputs and {requests} replays, got {len(audio_objects)} "
+            f"and {written.get('replayed')}: exactly-once is broken, the figures mean nothing"
+        )
     note = f"{requests} requests, {concurrency} clients, 4 texts of 28-56 chars, onnx, moto as S3 (in memory)"
-    res.rows.append(Row("events", "events with S3 output: requests/s", ev["requests_per_s"], "req/s",
-                        "v2 requests, same texts", v2["requests_per_s"], ev["requests_per_s"] / v2["requests_per_s"],
-                        goal=">= 0.8", met=ev["requests_per_s"] / v2["requests_per_s"] >= 0.8, note=note))
-    res.rows.append(Row("events", "events with S3 output: p50 latency", ev["p50_s"] * 1000, "ms",
-                        "v2 requests, same texts", v2["p50_s"] * 1000, ev["p50_s"] / v2["p50_s"], note=note))
-    res.rows.append(Row("events", "redelivered events (from the record): p50", again["p50_s"] * 1000, "ms",
-                        "v2 requests, same texts", v2["p50_s"] * 1000, again["p50_s"] / v2["p50_s"],
-                        goal="< 1.0", met=again["p50_s"] < v2["p50_s"],
-                        note="no synthesis: one S3 GET of the completion record"))
+    res.rows.append(
+        Row(
+            "events",
+            "events with S3 output: requests/s",
+            ev["requests_per_s"],
+            "req/s",
+            "v2 requests, same texts",
+            v2["requests_per_s"],
+            ev["requests_per_s"] / v2["requests_per_s"],
+            goal=">= 0.8",
+            met=ev["requests_per_s"] / v2["requests_per_s"] >= 0.8,
+            note=note,
+        )
+    )
+    res.rows.append(
+        Row(
+            "events",
+            "events with S3 output: p50 latency",
+            ev["p50_s"] * 1000,
+            "ms",
+            "v2 requests, same texts",
+            v2["p50_s"] * 1000,
+            ev["p50_s"] / v2["p50_s"],
+            note=note,
+        )
+    )
+    res.rows.append(
+        Row(
+            "events",
+            "redelivered events (from the record): p50",
+            again["p50_s"] * 1000,
+            "ms",
+            "v2 requests, same texts",
+            v2["p50_s"] * 1000,
+            again["p50_s"] / v2["p50_s"],
+            goal="< 1.0",
+            met=again["p50_s"] < v2["p50_s"],
+            note="no synthesis: one S3 GET of the completion record",
+        )
+    )
     res.details.update(figures)
-    res.notes.append("moto copies whole objects in memory: right for correctness, not a measure of S3 upload "
-                     "speed; each event makes four S3 round trips (record GET and object HEAD before synthesis, "
-                     "object PUT and record PUT after), so on real S3 the overhead grows by their latencies")
+    res.notes.append(
+        "moto copies whole objects in memory: right for correctness, not a measure of S3 upload "
+        "speed; each event makes four S3 round trips (record GET and object HEAD before synthesis, "
+        "object PUT and record PUT after), so on real S3 the overhead grows by their latencies"
+    )
     return res

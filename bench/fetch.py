@@ -12,6 +12,7 @@ Each download runs in a fresh subprocess, timed around the download call only (n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -93,20 +94,24 @@ def upload(src: Path, moto_url: str, prefix: str) -> None:
     from predictor.artifact import MANIFEST, Manifest
 
     client = boto3.session.Session().client("s3", endpoint_url=moto_url)
-    try:
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
         client.create_bucket(Bucket=BUCKET)
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
     manifest = Manifest.load(src / MANIFEST)
     config = TransferConfig(multipart_threshold=64 * MiB, multipart_chunksize=64 * MiB, max_concurrency=2)
     with ThreadPoolExecutor(len(manifest.files)) as pool:
-        list(pool.map(lambda f: client.upload_file(str(src / f.path), BUCKET, f"{prefix}/{f.path}", Config=config),
-                      manifest.files))
+        list(
+            pool.map(
+                lambda f: client.upload_file(str(src / f.path), BUCKET, f"{prefix}/{f.path}", Config=config),
+                manifest.files,
+            )
+        )
     client.upload_file(str(src / MANIFEST), BUCKET, f"{prefix}/{MANIFEST}")
 
 
 # --- a minimal client: what the endpoint can deliver -------------------------------------------
-def read_ranges(base_url: str, jobs: list[tuple[str, int, int]], concurrency: int) -> tuple[int, float, set[str]]:
+def read_ranges(
+    base_url: str, jobs: list[tuple[str, int, int]], concurrency: int
+) -> tuple[int, float, set[str]]:
     """GET every (path, start, end) with ``concurrency`` keep-alive connections, discarding the bytes.
 
     Returns (bytes, seconds, X-Cache values seen). Unsigned requests: cache hits never reach moto.
@@ -150,8 +155,11 @@ def read_ranges(base_url: str, jobs: list[tuple[str, int, int]], concurrency: in
 
 def part_jobs(prefix: str, files: list, part_size: int) -> list[tuple[str, int, int]]:
     """The ranged GETs our fetch issues, in the same order."""
-    return [(f"/{BUCKET}/{prefix}/{f.path}", s, min(s + part_size, f.size) - 1)
-            for f in files for s in range(0, f.size, part_size)]
+    return [
+        (f"/{BUCKET}/{prefix}/{f.path}", s, min(s + part_size, f.size) - 1)
+        for f in files
+        for s in range(0, f.size, part_size)
+    ]
 
 
 # --- the downloaders, each in a fresh process --------------------------------------------------
@@ -176,8 +184,14 @@ def _settle(path: Path) -> None:
     os.sync()
 
 
-def run(session: Session, size_mib: int = 1024, files: int = 4, cap_mib_s: int = 0,
-        concurrency: int = 0, part_size_mib: int = 0) -> SuiteResult:
+def run(
+    session: Session,
+    size_mib: int = 1024,
+    files: int = 4,
+    cap_mib_s: int = 0,
+    concurrency: int = 0,
+    part_size_mib: int = 0,
+) -> SuiteResult:
     from predictor.artifact import MANIFEST, Manifest
     from predictor.config import Settings
 
@@ -199,8 +213,11 @@ def run(session: Session, size_mib: int = 1024, files: int = 4, cap_mib_s: int =
     proxy = nginx.start(session, session.moto, cap)
     # Fill nginx's cache: one full GET per object through the uncapped listener (moto-bound, untimed).
     t = time.perf_counter()
-    read_ranges(proxy.warm_url, [(f"/{BUCKET}/{prefix}/{f.path}", 0, f.size - 1) for f in manifest.files],
-                len(manifest.files))
+    read_ranges(
+        proxy.warm_url,
+        [(f"/{BUCKET}/{prefix}/{f.path}", 0, f.size - 1) for f in manifest.files],
+        len(manifest.files),
+    )
     log(f"nginx cache filled in {time.perf_counter() - t:.1f} s")
 
     jobs = part_jobs(prefix, manifest.files, part_size)
@@ -214,8 +231,10 @@ def run(session: Session, size_mib: int = 1024, files: int = 4, cap_mib_s: int =
     kserve_capacity = k_bytes / k_s / 1e6
     free_bytes, free_s, _ = read_ranges(proxy.warm_url, jobs, concurrency)
     uncapped = free_bytes / free_s / 1e6
-    log(f"endpoint: {per_conn:.1f} MB/s on 1 connection, {capacity:.1f} MB/s on {concurrency}, "
-        f"{kserve_conns} connections: {kserve_capacity:.1f} MB/s; uncapped {uncapped:.1f} MB/s; X-Cache {sorted(cache)}")
+    log(
+        f"endpoint: {per_conn:.1f} MB/s on 1 connection, {capacity:.1f} MB/s on {concurrency}, "
+        f"{kserve_conns} connections: {kserve_capacity:.1f} MB/s; uncapped {uncapped:.1f} MB/s; X-Cache {sorted(cache)}"
+    )
 
     uri = f"s3://{BUCKET}/{prefix}"
     ours, kserve = [], []
@@ -228,28 +247,78 @@ def run(session: Session, size_mib: int = 1024, files: int = 4, cap_mib_s: int =
         kserve.append(_download(KSERVE, [uri, str(out)], proxy.capped_url))
         _check_sizes(out, manifest.files)
         _settle(out)
-        log(f"run {i + 1}: ours {total / ours[-1] / 1e6:.1f} MB/s, kserve_storage {total / kserve[-1] / 1e6:.1f} MB/s")
+        log(
+            f"run {i + 1}: ours {total / ours[-1] / 1e6:.1f} MB/s, kserve_storage {total / kserve[-1] / 1e6:.1f} MB/s"
+        )
 
     ours_mbs = total / median(ours) / 1e6
     kserve_mbs = total / median(kserve) / 1e6
     label = f"{total / MiB:.0f} MiB in {len(manifest.files)} files"
-    res.rows.append(Row("fetch", f"ours, {label} (c={concurrency}, part {part_size // MiB} MiB)", ours_mbs, "MB/s",
-                        "kserve_storage", kserve_mbs, ours_mbs / kserve_mbs, goal=">= 2x", met=ours_mbs >= 2 * kserve_mbs,
-                        note=f"median of {RUNS}; includes sha256 verification and fsync"))
-    res.rows.append(Row("fetch", "ours vs capped endpoint at our concurrency", ours_mbs, "MB/s",
-                        f"endpoint c={concurrency}", capacity, ours_mbs / capacity, goal=">= 0.8",
-                        met=ours_mbs >= 0.8 * capacity,
-                        note="endpoint measured with a bare http.client reader doing our exact ranged GETs"))
-    res.rows.append(Row("fetch", "kserve_storage vs capped endpoint at its connections", kserve_mbs, "MB/s",
-                        f"endpoint c={kserve_conns}", kserve_capacity, kserve_mbs / kserve_capacity,
-                        note=f"kserve_storage: {KSERVE_FILE_PROCS} processes x {KSERVE_THREADS_PER_FILE} threads"))
-    res.rows.append(Row("fetch", "endpoint: one connection (the per-connection cap)", per_conn, "MB/s",
-                        "limit_rate", cap * MiB / 1e6, per_conn / (cap * MiB / 1e6)))
+    res.rows.append(
+        Row(
+            "fetch",
+            f"ours, {label} (c={concurrency}, part {part_size // MiB} MiB)",
+            ours_mbs,
+            "MB/s",
+            "kserve_storage",
+            kserve_mbs,
+            ours_mbs / kserve_mbs,
+            goal=">= 2x",
+            met=ours_mbs >= 2 * kserve_mbs,
+            note=f"median of {RUNS}; includes sha256 verification and fsync",
+        )
+    )
+    res.rows.append(
+        Row(
+            "fetch",
+            "ours vs capped endpoint at our concurrency",
+            ours_mbs,
+            "MB/s",
+            f"endpoint c={concurrency}",
+            capacity,
+            ours_mbs / capacity,
+            goal=">= 0.8",
+            met=ours_mbs >= 0.8 * capacity,
+            note="endpoint measured with a bare http.client reader doing our exact ranged GETs",
+        )
+    )
+    res.rows.append(
+        Row(
+            "fetch",
+            "kserve_storage vs capped endpoint at its connections",
+            kserve_mbs,
+            "MB/s",
+            f"endpoint c={kserve_conns}",
+            kserve_capacity,
+            kserve_mbs / kserve_capacity,
+            note=f"kserve_storage: {KSERVE_FILE_PROCS} processes x {KSERVE_THREADS_PER_FILE} threads",
+        )
+    )
+    res.rows.append(
+        Row(
+            "fetch",
+            "endpoint: one connection (the per-connection cap)",
+            per_conn,
+            "MB/s",
+            "limit_rate",
+            cap * MiB / 1e6,
+            per_conn / (cap * MiB / 1e6),
+        )
+    )
     res.details = {
-        "artifact_bytes": total, "files": len(manifest.files), "concurrency": concurrency, "part_size": part_size,
-        "cap_mib_s_per_connection": cap, "ours_s": ours, "kserve_s": kserve,
-        "endpoint_mb_s": {"one_connection": per_conn, f"c{concurrency}": capacity, f"c{kserve_conns}": kserve_capacity,
-                          f"uncapped_c{concurrency}": uncapped},
+        "artifact_bytes": total,
+        "files": len(manifest.files),
+        "concurrency": concurrency,
+        "part_size": part_size,
+        "cap_mib_s_per_connection": cap,
+        "ours_s": ours,
+        "kserve_s": kserve,
+        "endpoint_mb_s": {
+            "one_connection": per_conn,
+            f"c{concurrency}": capacity,
+            f"c{kserve_conns}": kserve_capacity,
+            f"uncapped_c{concurrency}": uncapped,
+        },
         "cache_status_seen": sorted(cache),
     }
     res.notes.append(
@@ -259,8 +328,11 @@ def run(session: Session, size_mib: int = 1024, files: int = 4, cap_mib_s: int =
     )
     res.notes.append(
         f"uncapped, the same reader gets {uncapped:.0f} MB/s from nginx at c={concurrency}: "
-        + ("the cap, not this machine, bounds the endpoint." if uncapped > 1.5 * capacity
-           else "close to the capped figure, so this machine, not the cap, is the bound: treat the ratios with care.")
+        + (
+            "the cap, not this machine, bounds the endpoint."
+            if uncapped > 1.5 * capacity
+            else "close to the capped figure, so this machine, not the cap, is the bound: treat the ratios with care."
+        )
     )
     if capacity < 2 * kserve_mbs:
         res.notes.append(

@@ -14,7 +14,18 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import PARAMS, SENTENCE, THREADS, Predictor, Row, Session, SuiteResult, log, median, percentile
+from bench.common import (
+    PARAMS,
+    SENTENCE,
+    THREADS,
+    Predictor,
+    Row,
+    Session,
+    SuiteResult,
+    log,
+    median,
+    percentile,
+)
 
 STEADY_N = 30
 N = 50
@@ -27,10 +38,12 @@ PARAGRAPH = (
 
 
 def v2_json(text: str) -> bytes:
-    return json.dumps({
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
-        "parameters": PARAMS,
-    }).encode()
+    return json.dumps(
+        {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+            "parameters": PARAMS,
+        }
+    ).encode()
 
 
 def timed(fn: Callable[[], object], n: int) -> list[float]:
@@ -64,7 +77,10 @@ def _triton(port: int):
     client = th.InferenceServerClient(url=f"127.0.0.1:{port}", concurrency=1, network_timeout=60)
     inp = th.InferInput("text", [1], "BYTES")
     inp.set_data_from_numpy(np.array([SENTENCE.encode()], dtype=np.object_), binary_data=True)
-    outs = [th.InferRequestedOutput("audio", binary_data=True), th.InferRequestedOutput("audio_length", binary_data=True)]
+    outs = [
+        th.InferRequestedOutput("audio", binary_data=True),
+        th.InferRequestedOutput("audio_length", binary_data=True),
+    ]
 
     def infer() -> None:
         r = client.infer("tts", [inp], outputs=outs, parameters=dict(PARAMS))
@@ -105,7 +121,10 @@ def run(session: Session, engine_name: str = "onnx") -> SuiteResult:
         engine = _engine(model_dir, engine_name)
         params = SynthesisParams(**PARAMS)
         triton, infer_binary = _triton(p.http_port)
-        calls: dict[str, Callable[[], object]] = {"json": post, "engine": lambda: engine.synthesize([SENTENCE], params)}
+        calls: dict[str, Callable[[], object]] = {
+            "json": post,
+            "engine": lambda: engine.synthesize([SENTENCE], params),
+        }
         if infer_binary is not None:
             calls["binary"] = infer_binary
         for fn in calls.values():
@@ -136,39 +155,112 @@ def run(session: Session, engine_name: str = "onnx") -> SuiteResult:
     ms = 1000.0
     steady_p50 = median(steady)
     ratio = first / steady_p50
-    res.rows.append(Row(suite, "first v2 request right after ready", first * ms, "ms",
-                        f"steady p50 (n={STEADY_N})", steady_p50 * ms, ratio, goal="<= 1.2", met=ratio <= 1.2))
+    res.rows.append(
+        Row(
+            suite,
+            "first v2 request right after ready",
+            first * ms,
+            "ms",
+            f"steady p50 (n={STEADY_N})",
+            steady_p50 * ms,
+            ratio,
+            goal="<= 1.2",
+            met=ratio <= 1.2,
+        )
+    )
     e50, e99 = median(lat["engine"]), percentile(lat["engine"], 99)
-    res.rows.append(Row(suite, "engine alone, in-process p50", e50 * ms, "ms",
-                        note=f"p99 {e99 * ms:.1f} ms, IQR {(percentile(lat['engine'], 75) - percentile(lat['engine'], 25)) * ms:.1f} ms; "
-                             f"threads={THREADS}; n={N}, interleaved with the requests"))
+    res.rows.append(
+        Row(
+            suite,
+            "engine alone, in-process p50",
+            e50 * ms,
+            "ms",
+            note=f"p99 {e99 * ms:.1f} ms, IQR {(percentile(lat['engine'], 75) - percentile(lat['engine'], 25)) * ms:.1f} ms; "
+            f"threads={THREADS}; n={N}, interleaved with the requests",
+        )
+    )
     labels = {"json": "v2 REST JSON (httpx)", "binary": "v2 REST binary (tritonclient)"}
     for key in served:
         xs = lat[key]
         s50, s99 = median(xs), percentile(xs, 99)
         over = (s50 - e50) * ms
         paired = [(x - e) * ms for x, e in zip(xs, served[key], strict=True)]
-        res.rows.append(Row(suite, f"{labels[key]} p50", s50 * ms, "ms", "engine p50", e50 * ms, over, "ms over",
-                            goal="<= 5 ms over", met=over <= 5.0, note=f"n={N}"))
+        res.rows.append(
+            Row(
+                suite,
+                f"{labels[key]} p50",
+                s50 * ms,
+                "ms",
+                "engine p50",
+                e50 * ms,
+                over,
+                "ms over",
+                goal="<= 5 ms over",
+                met=over <= 5.0,
+                note=f"n={N}",
+            )
+        )
         # The same question per request: latency minus the server's own engine time for that request
         # (tts_synthesis_seconds). Immune to the engine's call-to-call spread, which on a shared
         # 2-core box exceeds 5 ms by far (see the engine row's IQR).
         p50 = median(paired)
-        res.rows.append(Row(suite, f"{labels[key]} overhead, paired per request, p50", p50, "ms",
-                            "", None, p50, "ms over", goal="<= 5 ms over", met=p50 <= 5.0,
-                            note=f"latency - tts_synthesis_seconds delta of the same request; p99 {percentile(paired, 99):.1f} ms"))
-        res.rows.append(Row(suite, f"{labels[key]} p99", s99 * ms, "ms", "engine p99", e99 * ms, (s99 - e99) * ms,
-                            "ms over", note=f"nearest rank: with n={N}, p99 is the slowest call"))
+        res.rows.append(
+            Row(
+                suite,
+                f"{labels[key]} overhead, paired per request, p50",
+                p50,
+                "ms",
+                "",
+                None,
+                p50,
+                "ms over",
+                goal="<= 5 ms over",
+                met=p50 <= 5.0,
+                note=f"latency - tts_synthesis_seconds delta of the same request; p99 {percentile(paired, 99):.1f} ms",
+            )
+        )
+        res.rows.append(
+            Row(
+                suite,
+                f"{labels[key]} p99",
+                s99 * ms,
+                "ms",
+                "engine p99",
+                e99 * ms,
+                (s99 - e99) * ms,
+                "ms over",
+                note=f"nearest rank: with n={N}, p99 is the slowest call",
+            )
+        )
     res.notes.append(
         f"engine call time spread p10 {percentile(lat['engine'], 10) * ms:.0f} ms .. p90 "
         f"{percentile(lat['engine'], 90) * ms:.0f} ms in this run (load from other work on the machine): server "
         "and engine calls alternate so drift hits both sides; the 'paired per request' rows are immune to it."
     )
     para_s = median(paragraph)
-    res.rows.append(Row(suite, f"RTF: engine time, {len(PARAGRAPH)}-char paragraph", para_s, "s",
-                        "audio duration", para_audio_s, para_s / para_audio_s, "RTF",
-                        note="real-time factor = engine s / audio s; median of 3"))
-    res.details = {"sentence": SENTENCE, "sentence_audio_s": sentence_audio_s, "paragraph": PARAGRAPH,
-                   "first_s": first, "steady_s": steady, "latency_s": lat, "server_engine_s": served,
-                   "paragraph_s": paragraph, "paragraph_audio_s": para_audio_s, "threads": THREADS}
+    res.rows.append(
+        Row(
+            suite,
+            f"RTF: engine time, {len(PARAGRAPH)}-char paragraph",
+            para_s,
+            "s",
+            "audio duration",
+            para_audio_s,
+            para_s / para_audio_s,
+            "RTF",
+            note="real-time factor = engine s / audio s; median of 3",
+        )
+    )
+    res.details = {
+        "sentence": SENTENCE,
+        "sentence_audio_s": sentence_audio_s,
+        "paragraph": PARAGRAPH,
+        "first_s": first,
+        "steady_s": steady,
+        "latency_s": lat,
+        "server_engine_s": served,
+        "paragraph_s": paragraph,
+        "paragraph_audio_s": para_audio_s,
+        "threads": THREADS,
+    }
     return res

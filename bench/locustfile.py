@@ -32,8 +32,9 @@ class Listener(HttpUser):
     @task(1)
     def long_text_streamed(self) -> None:
         body = {"model": "tts", "input": LONG, "response_format": "pcm", "stream": True}
-        with self.client.post("/v1/audio/speech", json=body, name="speech long (stream)", stream=True,
-                              catch_response=True) as response:  # fmt: skip
+        with self.client.post(
+            "/v1/audio/speech", json=body, name="speech long (stream)", stream=True, catch_response=True
+        ) as response:
             for _ in response.iter_content(chunk_size=65536):
                 pass
             if response.status_code != 200:

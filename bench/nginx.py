@@ -134,10 +134,11 @@ _S3_HTTP = """
 def mirror_conf(port: int, primary: str, mirrors: list[str]) -> str:
     """The http-block body of a mirroring proxy on 127.0.0.1:port (URLs like http://127.0.0.1:8080)."""
     return _MIRROR.format(
-        port=port, primary=primary,
+        port=port,
+        primary=primary,
         mirror_lines="\n".join(f"            mirror /_mirror{i};" for i in range(len(mirrors))),
         mirror_locations="".join(_MIRROR_LOCATION.format(i=i, url=url) for i, url in enumerate(mirrors)),
-    )  # fmt: skip
+    )
 
 
 def write_conf(prefix: Path, http: str) -> Path:
@@ -145,8 +146,9 @@ def write_conf(prefix: Path, http: str) -> Path:
     conf = _CONF.format(
         # As root, workers would otherwise drop to "nobody" and could not write our 0700 temp dirs.
         user="user root;" if os.geteuid() == 0 else "",
-        prefix=prefix, http=http,
-    )  # fmt: skip
+        prefix=prefix,
+        http=http,
+    )
     path = prefix / "nginx.conf"
     path.write_text(conf)
     return path
@@ -159,7 +161,9 @@ def argv(binary: str, prefix: Path, conf: Path) -> list[str]:
 
 def ensure_nginx() -> str:
     """Path of the nginx binary, installing the Debian package if it is missing."""
-    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.path.exists(p)), None)
+    found = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.path.exists(p)), None
+    )
     if found:
         return found
     cmd = ["apt-get", "install", "-y", "-q", "nginx"]
@@ -187,7 +191,9 @@ def start(session: Session, moto_url: str, cap_mib_s: int) -> CappedS3:
     binary = ensure_nginx()
     prefix = session.path("nginx")
     capped, warm = free_port(), free_port()
-    servers = _SERVER.format(port=capped, limit=f"limit_rate {cap_mib_s}m;") + _SERVER.format(port=warm, limit="")
+    servers = _SERVER.format(port=capped, limit=f"limit_rate {cap_mib_s}m;") + _SERVER.format(
+        port=warm, limit=""
+    )
     http = _S3_HTTP.format(prefix=prefix, moto_port=moto_url.rsplit(":", 1)[1], servers=servers)
     conf_path = write_conf(prefix, http)
     child = session.start("nginx", argv(binary, prefix, conf_path), os.environ.copy())
@@ -195,5 +201,3 @@ def start(session: Session, moto_url: str, cap_mib_s: int) -> CappedS3:
     wait_until(lambda: httpx.get(url + "/", timeout=1).status_code < 600, 30, "nginx", child)
     log(f"nginx on {url} (limit_rate {cap_mib_s} MiB/s per connection), cache filler on :{warm}")
     return CappedS3(capped_url=url, warm_url=f"http://127.0.0.1:{warm}", cap_mib_s=cap_mib_s, child=child)
-
-

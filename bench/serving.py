@@ -17,7 +17,9 @@ from bench.common import Predictor, Row, Session, SuiteResult, log, median, perc
 LEVELS = (1, 2, 4, 8, 16)
 WINDOW_S = 8.0  # closed-loop measuring window per concurrency level
 SHORT = "The quick brown fox jumps over the lazy dog."
-LONG = " ".join([SHORT, "Serverless speech has to answer the first request fast.", "Then it scales back to zero."] * 3)
+LONG = " ".join(
+    [SHORT, "Serverless speech has to answer the first request fast.", "Then it scales back to zero."] * 3
+)
 TEN = " ".join(f"This is sentence number {n}, spoken on its own." for n in range(1, 11))
 
 
@@ -56,15 +58,25 @@ def _closed_loop(url: str, concurrency: int, window_s: float) -> dict:
     for t in threads:
         t.join()
     wall = time.monotonic() - start
-    return {"audio_s_per_s": audio_s[0] / wall, "requests": len(latencies), "errors": errors[0],
-            "p50_s": median(latencies) if latencies else None}
+    return {
+        "audio_s_per_s": audio_s[0] / wall,
+        "requests": len(latencies),
+        "errors": errors[0],
+        "p50_s": median(latencies) if latencies else None,
+    }
 
 
 def _throughput(session: Session, res: SuiteResult) -> float:
     runs = {}
     for label, batch in (("unbatched", "1"), ("batched", "8")):
-        p = Predictor(session, session.path(f"model-{label}"), ENGINE="onnx", MAX_BATCH_SIZE=batch,
-                      MAX_BATCH_DELAY_MS="5", MAX_QUEUE="64")
+        p = Predictor(
+            session,
+            session.path(f"model-{label}"),
+            ENGINE="onnx",
+            MAX_BATCH_SIZE=batch,
+            MAX_BATCH_DELAY_MS="5",
+            MAX_QUEUE="64",
+        )
         try:
             p.wait_ready()
             for level in LEVELS:
@@ -74,9 +86,20 @@ def _throughput(session: Session, res: SuiteResult) -> float:
             p.stop()
     for level in LEVELS:
         base, batched = runs[("unbatched", level)]["audio_s_per_s"], runs[("batched", level)]["audio_s_per_s"]
-        res.rows.append(Row("serving", f"throughput c={level}, MAX_BATCH_SIZE=8: audio s per s", batched, "x",
-                            "MAX_BATCH_SIZE=1", base, batched / base, goal=">= 1.0", met=batched / base >= 1.0,
-                            note=f"{WINDOW_S:.0f} s closed loop, 3 short : 1 long"))
+        res.rows.append(
+            Row(
+                "serving",
+                f"throughput c={level}, MAX_BATCH_SIZE=8: audio s per s",
+                batched,
+                "x",
+                "MAX_BATCH_SIZE=1",
+                base,
+                batched / base,
+                goal=">= 1.0",
+                met=batched / base >= 1.0,
+                note=f"{WINDOW_S:.0f} s closed loop, 3 short : 1 long",
+            )
+        )
     res.details["throughput"] = {f"{k[0]}|{k[1]}": v for k, v in runs.items()}
     return runs[("unbatched", 1)]["requests"] / WINDOW_S  # capacity, requests/s, for the overload test
 
@@ -84,8 +107,11 @@ def _throughput(session: Session, res: SuiteResult) -> float:
 def _first_packet(p: Predictor, res: SuiteResult) -> None:
     def stream_first_chunk() -> float:
         t = time.perf_counter()
-        with p.client.stream("POST", "/v1/audio/speech",
-                             json={"model": "tts", "input": TEN, "response_format": "pcm", "stream": True}) as r:  # fmt: skip
+        with p.client.stream(
+            "POST",
+            "/v1/audio/speech",
+            json={"model": "tts", "input": TEN, "response_format": "pcm", "stream": True},
+        ) as r:
             chunks = r.iter_bytes()
             next(chunks)
             first = time.perf_counter() - t
@@ -104,10 +130,34 @@ def _first_packet(p: Predictor, res: SuiteResult) -> None:
         alones.append(whole(TEN.split(". ")[0] + "."))
         wholes.append(whole(TEN))
     f, a, w = median(firsts), median(alones), median(wholes)
-    res.rows.append(Row("serving", "first packet, 10-sentence stream", f * 1000, "ms", "first sentence alone", a * 1000,
-                        f / a, goal="<= 1.5", met=f / a <= 1.5, note="median of 5"))
-    res.rows.append(Row("serving", "first packet, 10-sentence stream ", f * 1000, "ms", "whole text", w * 1000,
-                        f / w, goal="<= 0.2", met=f / w <= 0.2, note="median of 5"))
+    res.rows.append(
+        Row(
+            "serving",
+            "first packet, 10-sentence stream",
+            f * 1000,
+            "ms",
+            "first sentence alone",
+            a * 1000,
+            f / a,
+            goal="<= 1.5",
+            met=f / a <= 1.5,
+            note="median of 5",
+        )
+    )
+    res.rows.append(
+        Row(
+            "serving",
+            "first packet, 10-sentence stream ",
+            f * 1000,
+            "ms",
+            "whole text",
+            w * 1000,
+            f / w,
+            goal="<= 0.2",
+            met=f / w <= 0.2,
+            note="median of 5",
+        )
+    )
 
 
 def _overload(p: Predictor, capacity_rps: float, res: SuiteResult) -> None:
@@ -139,11 +189,27 @@ def _overload(p: Predictor, capacity_rps: float, res: SuiteResult) -> None:
     for t in threads:
         t.join()
     total = len(latencies) + refused[0]
-    res.rows.append(Row("serving", "overload 4x capacity: p99 of admitted", percentile(latencies, 99) * 1000, "ms",
-                        "p50 of admitted", median(latencies) * 1000, percentile(latencies, 99) / median(latencies),
-                        note=f"{rate:.1f} req/s offered for {duration:.0f} s, MAX_QUEUE=64"))
-    res.rows.append(Row("serving", "overload 4x capacity: refused (503)", 100 * refused[0] / max(total, 1), "%",
-                        note=f"{refused[0]} of {total}; every refusal answered at once with Retry-After"))
+    res.rows.append(
+        Row(
+            "serving",
+            "overload 4x capacity: p99 of admitted",
+            percentile(latencies, 99) * 1000,
+            "ms",
+            "p50 of admitted",
+            median(latencies) * 1000,
+            percentile(latencies, 99) / median(latencies),
+            note=f"{rate:.1f} req/s offered for {duration:.0f} s, MAX_QUEUE=64",
+        )
+    )
+    res.rows.append(
+        Row(
+            "serving",
+            "overload 4x capacity: refused (503)",
+            100 * refused[0] / max(total, 1),
+            "%",
+            note=f"{refused[0]} of {total}; every refusal answered at once with Retry-After",
+        )
+    )
 
 
 def _rss_mib(pid: int, field: str) -> float:
@@ -166,26 +232,54 @@ def _chapter(session: Session, res: SuiteResult) -> None:
             text = (paragraph * (chars // len(paragraph) + 1))[:chars]
             t = time.perf_counter()
             n = 0
-            with p.client.stream("POST", "/v1/audio/speech", timeout=1200,
-                                 json={"model": "tts", "input": text, "response_format": "pcm", "stream": True}) as r:  # fmt: skip
+            with p.client.stream(
+                "POST",
+                "/v1/audio/speech",
+                timeout=1200,
+                json={"model": "tts", "input": text, "response_format": "pcm", "stream": True},
+            ) as r:
                 for chunk in r.iter_bytes():
                     n += len(chunk)
             wall = time.perf_counter() - t
             audio_s = n / 2 / 22050
-            figures[chars] = {"wall_s": wall, "audio_s": audio_s, "rtf": wall / audio_s,
-                              "peak_rss_mib": _rss_mib(p.child.proc.pid, "VmHWM"), "rss_before_mib": base}
+            figures[chars] = {
+                "wall_s": wall,
+                "audio_s": audio_s,
+                "rtf": wall / audio_s,
+                "peak_rss_mib": _rss_mib(p.child.proc.pid, "VmHWM"),
+                "rss_before_mib": base,
+            }
             log(f"{chars} chars: {figures[chars]}")
         finally:
             p.stop()
     small, big = figures[5_000], figures[50_000]
-    res.rows.append(Row("serving", "50,000-char text: wall", big["wall_s"], "s", "5,000-char text", small["wall_s"],
-                        big["wall_s"] / small["wall_s"], note=f"RTF {big['rtf']:.3f} vs {small['rtf']:.3f}"))
+    res.rows.append(
+        Row(
+            "serving",
+            "50,000-char text: wall",
+            big["wall_s"],
+            "s",
+            "5,000-char text",
+            small["wall_s"],
+            big["wall_s"] / small["wall_s"],
+            note=f"RTF {big['rtf']:.3f} vs {small['rtf']:.3f}",
+        )
+    )
     growth_big = big["peak_rss_mib"] - big["rss_before_mib"]
     growth_small = small["peak_rss_mib"] - small["rss_before_mib"]
-    res.rows.append(Row("serving", "50,000-char text: peak RSS growth", growth_big, "MiB", "5,000-char text",
-                        growth_small, growth_big / max(growth_small, 1.0),
-                        note=f"peak RSS {big['peak_rss_mib']:.0f} vs {small['peak_rss_mib']:.0f} MiB; "
-                             f"{big['audio_s']:.0f} s of audio would be {big['audio_s'] * 22050 * 4 / 2**20:.0f} MiB as float32"))
+    res.rows.append(
+        Row(
+            "serving",
+            "50,000-char text: peak RSS growth",
+            growth_big,
+            "MiB",
+            "5,000-char text",
+            growth_small,
+            growth_big / max(growth_small, 1.0),
+            note=f"peak RSS {big['peak_rss_mib']:.0f} vs {small['peak_rss_mib']:.0f} MiB; "
+            f"{big['audio_s']:.0f} s of audio would be {big['audio_s'] * 22050 * 4 / 2**20:.0f} MiB as float32",
+        )
+    )
     res.details["chapter"] = figures
 
 

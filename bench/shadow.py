@@ -22,10 +22,12 @@ PAUSE_S = 0.02  # between calls: neither predictor's threads are still busy when
 
 
 def _body() -> bytes:
-    return json.dumps({
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [SENTENCE]}],
-        "parameters": PARAMS,
-    }).encode()
+    return json.dumps(
+        {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [SENTENCE]}],
+            "parameters": PARAMS,
+        }
+    ).encode()
 
 
 def _timed_post(p: Predictor, body: bytes) -> float:
@@ -43,9 +45,13 @@ def _fingerprint_ms(p: Predictor) -> tuple[float, float]:
 
     from predictor import shadow
 
-    r = p.client.post("/v1/models/tts:predict", json={"instances": [{"text": SENTENCE}], "parameters": PARAMS})
+    r = p.client.post(
+        "/v1/models/tts:predict", json={"instances": [{"text": SENTENCE}], "parameters": PARAMS}
+    )
     r.raise_for_status()
-    audio, rate = soundfile.read(io.BytesIO(base64.b64decode(r.json()["predictions"][0]["wav_base64"])), dtype="float32")
+    audio, rate = soundfile.read(
+        io.BytesIO(base64.b64decode(r.json()["predictions"][0]["wav_base64"])), dtype="float32"
+    )
     shadow.fingerprint(audio, rate)  # first call builds the filter bank
     runs = []
     for _ in range(20):
@@ -60,7 +66,7 @@ def run(session: Session, n: int = 200) -> SuiteResult:
 
     res = SuiteResult()
     bucket = "bench-shadow"
-    session.moto  # starts moto and exports its AWS_* variables to this process, for s3_client below
+    _ = session.moto  # starts moto and exports its AWS_* variables to this process, for s3_client below
     client = s3_client(concurrency=1)
     client.create_bucket(Bucket=bucket)
     # Two predictors without records: their A/A ratio is the noise floor between two processes, the
@@ -81,7 +87,7 @@ def run(session: Session, n: int = 200) -> SuiteResult:
     for i in range(n):
         trio = [(off_a, lat_a), (off_b, lat_b), (on, lat_on)]
         # Every predictor goes first, second and third equally often.
-        for p, out in trio[i % 3:] + trio[: i % 3]:
+        for p, out in trio[i % 3 :] + trio[: i % 3]:
             out.append(_timed_post(p, body))
             time.sleep(PAUSE_S)
     lat_off = lat_a + lat_b
@@ -92,33 +98,68 @@ def run(session: Session, n: int = 200) -> SuiteResult:
     off_b.stop()
 
     listing = client.list_objects_v2(Bucket=bucket, Prefix="run/").get("Contents", [])
-    written = sum(len(client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read().splitlines()) for o in listing)
+    written = sum(
+        len(client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read().splitlines()) for o in listing
+    )
 
     m_off, m_on = median(lat_off), median(lat_on)
     overhead = m_on / m_off - 1
     noise = median(lat_b) / median(lat_a) - 1
-    log(f"shadow: median {m_off * 1e3:.1f} ms off, {m_on * 1e3:.1f} ms on ({overhead:+.2%}); A/A {noise:+.2%}; "
-        f"{written} records, {dropped:.0f} dropped")
-    res.rows.append(Row(
-        "shadow", "v2 latency, SHADOW_SINK=s3 (median)", m_on, "s", "SHADOW_SINK off", m_off,
-        ratio=m_on / m_off, goal="< 1.02x",
-        # Only a verdict when two identical processes agree within the goal; otherwise it is noise.
-        met=overhead < 0.02 if abs(noise) < 0.02 else None,
-        note=f"{n} requests to it, {2 * n} to two predictors without records, rotating order; "
-        f"p90 {percentile(lat_on, 90) * 1e3:.1f} vs {percentile(lat_off, 90) * 1e3:.1f} ms",
-    ))  # fmt: skip
-    res.rows.append(Row(
-        "shadow", "A/A: second predictor without records (noise floor)", median(lat_b), "s",
-        "first predictor without records", median(lat_a), ratio=median(lat_b) / median(lat_a),
-        note="two identical processes; an on/off difference smaller than this is not resolved",
-    ))  # fmt: skip
-    res.rows.append(Row(
-        "shadow", "fingerprint per request (background thread)", fp_ms, "ms", "request latency", m_off * 1e3,
-        ratio=fp_ms / 1e3 / m_off, ratio_label="of request",
-        note=f"{audio_s:.2f} s of audio; CPU the background thread takes from the request path's neighbours",
-    ))  # fmt: skip
-    res.details = {"n": n, "latency_off_a_s": lat_a, "latency_off_b_s": lat_b, "latency_on_s": lat_on, "records_written": written,
-                   "records_dropped": dropped, "fingerprint_ms": fp_ms, "audio_s": audio_s}  # fmt: skip
+    log(
+        f"shadow: median {m_off * 1e3:.1f} ms off, {m_on * 1e3:.1f} ms on ({overhead:+.2%}); A/A {noise:+.2%}; "
+        f"{written} records, {dropped:.0f} dropped"
+    )
+    res.rows.append(
+        Row(
+            "shadow",
+            "v2 latency, SHADOW_SINK=s3 (median)",
+            m_on,
+            "s",
+            "SHADOW_SINK off",
+            m_off,
+            ratio=m_on / m_off,
+            goal="< 1.02x",
+            # Only a verdict when two identical processes agree within the goal; otherwise it is noise.
+            met=overhead < 0.02 if abs(noise) < 0.02 else None,
+            note=f"{n} requests to it, {2 * n} to two predictors without records, rotating order; "
+            f"p90 {percentile(lat_on, 90) * 1e3:.1f} vs {percentile(lat_off, 90) * 1e3:.1f} ms",
+        )
+    )
+    res.rows.append(
+        Row(
+            "shadow",
+            "A/A: second predictor without records (noise floor)",
+            median(lat_b),
+            "s",
+            "first predictor without records",
+            median(lat_a),
+            ratio=median(lat_b) / median(lat_a),
+            note="two identical processes; an on/off difference smaller than this is not resolved",
+        )
+    )
+    res.rows.append(
+        Row(
+            "shadow",
+            "fingerprint per request (background thread)",
+            fp_ms,
+            "ms",
+            "request latency",
+            m_off * 1e3,
+            ratio=fp_ms / 1e3 / m_off,
+            ratio_label="of request",
+            note=f"{audio_s:.2f} s of audio; CPU the background thread takes from the request path's neighbours",
+        )
+    )
+    res.details = {
+        "n": n,
+        "latency_off_a_s": lat_a,
+        "latency_off_b_s": lat_b,
+        "latency_on_s": lat_on,
+        "records_written": written,
+        "records_dropped": dropped,
+        "fingerprint_ms": fp_ms,
+        "audio_s": audio_s,
+    }
     expected = n + WARMUP  # every v2 request `on` answered (the fingerprint's v1 request went to `off_a`)
     if written != expected:
         res.notes.append(f"expected {expected} records in S3, found {written} ({dropped:.0f} dropped)")

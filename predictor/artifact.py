@@ -36,7 +36,8 @@ class ManifestFile(BaseModel):
     size: int = Field(ge=0, description="Bytes.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Lower-case hex digest.")
     engines: list[str] | None = Field(
-        default=None, description="Engines that read this file; None = all. A pod fetches only its engine's files."
+        default=None,
+        description="Engines that read this file; None = all. A pod fetches only its engine's files.",
     )
 
 
@@ -192,10 +193,12 @@ def build_default_voice(out_dir: Path) -> Manifest:
     from predictor.engine.convert import write_safetensors
 
     for path in write_safetensors(out_dir / "model.onnx", out_dir):
-        files.append(ManifestFile(path=path.name, size=path.stat().st_size, sha256=sha256_file(path), engines=["torch"]))
-    manifest = Manifest(
-        name=DEFAULT_VOICE_NAME, version=importlib.metadata.version(_VOICE_DIST), files=files
-    )
+        files.append(
+            ManifestFile(
+                path=path.name, size=path.stat().st_size, sha256=sha256_file(path), engines=["torch"]
+            )
+        )
+    manifest = Manifest(name=DEFAULT_VOICE_NAME, version=importlib.metadata.version(_VOICE_DIST), files=files)
     # Written last: a directory with a manifest is a complete artifact.
     atomic_write_bytes(out_dir / MANIFEST, manifest.dumps().encode())
     log.info("built %s %s in %s (%d bytes)", manifest.name, manifest.version, out_dir, manifest.total_bytes)

@@ -138,7 +138,7 @@ def _works(fmt: Format) -> bool:
             return False
         rate = 24000 if fmt.sample_rates is None else fmt.sample_rates[-1]
         _encode_file(np.zeros(rate // 50, dtype=np.int16), rate, fmt)
-    except Exception:  # noqa: BLE001 - any failure means this build cannot make the format
+    except Exception:
         return False
     return True
 
@@ -212,11 +212,15 @@ class StreamEncoder:
         self.format = get_format(fmt)
         if not self.format.streamable:
             streamable = [n for n in supported_formats() if FORMATS[n].streamable]
-            raise BadRequest(f"response_format {fmt!r} cannot be streamed; streamable: {', '.join(streamable)}")
+            raise BadRequest(
+                f"response_format {fmt!r} cannot be streamed; streamable: {', '.join(streamable)}"
+            )
         self.sample_rate = sample_rate
         self.output_rate = output_sample_rate(self.format, sample_rate)
         self.media_type = self.format.media_type
-        self._resampler = Resampler(sample_rate, self.output_rate) if self.output_rate != sample_rate else None
+        self._resampler = (
+            Resampler(sample_rate, self.output_rate) if self.output_rate != sample_rate else None
+        )
         self._sink: _AppendOnlySink | None = None
         self._file: soundfile.SoundFile | None = None
         self._pending = b""
@@ -312,7 +316,9 @@ class Resampler:
     of the ideal up to 5 kHz and 45 dB at 9 kHz; the band from 0.94 x 11025 Hz up is rolled off.
     """
 
-    def __init__(self, in_rate: int, out_rate: int, zero_crossings: int = 16, rolloff: float = 0.94, beta: float = 8.0):
+    def __init__(
+        self, in_rate: int, out_rate: int, zero_crossings: int = 16, rolloff: float = 0.94, beta: float = 8.0
+    ):
         if in_rate <= 0 or out_rate <= 0:
             raise ValueError(f"sample rates must be positive, got {in_rate} -> {out_rate}")
         g = math.gcd(in_rate, out_rate)
@@ -321,7 +327,7 @@ class Resampler:
         # Cutoff in cycles per input sample, and the filter's half-width in input samples.
         self._fc = 0.5 * rolloff * min(1.0, self.up / self.down)
         self._half = zero_crossings / (2.0 * self._fc)
-        self._taps = int(math.ceil(self._half))
+        self._taps = math.ceil(self._half)
         self._beta = beta
         self._buf = np.zeros(0, dtype=np.float64)
         self._buf_start = 0  # absolute input index of _buf[0]
@@ -476,10 +482,10 @@ def _open_writer(file, sample_rate: int, fmt: Format) -> soundfile.SoundFile:
 def _set_ogg_page_latency(sf: soundfile.SoundFile, ms: float) -> None:
     # Uses soundfile's private cffi handles; if they change, pages just stay at the 1 s default.
     try:
-        ffi, lib, handle = soundfile._ffi, soundfile._snd, sf._file  # noqa: SLF001
+        ffi, lib, handle = soundfile._ffi, soundfile._snd, sf._file
         value = ffi.new("double*", ms)
         lib.sf_command(handle, _SFC_SET_OGG_PAGE_LATENCY_MS, value, ffi.sizeof("double"))
-    except Exception:  # noqa: BLE001 - an optimization only
+    except Exception:
         pass
 
 

@@ -40,10 +40,12 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
 
-    def mergeable_with(self, other: "_Job") -> bool:
+    def mergeable_with(self, other: _Job) -> bool:
         return self.params.seed is None and self.params == other.params
 
-    def resolve(self, result: tuple[list[np.ndarray], float] | None = None, error: BaseException | None = None) -> None:
+    def resolve(
+        self, result: tuple[list[np.ndarray], float] | None = None, error: BaseException | None = None
+    ) -> None:
         def settle() -> None:
             if self.future.done():  # cancelled by a caller that went away
                 return
@@ -56,7 +58,15 @@ class _Job:
 
 
 class Batcher:
-    def __init__(self, run_batch: RunBatch, *, max_batch_size: int, max_delay_s: float, max_queue: int, timeout_s: float):
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        *,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_queue: int,
+        timeout_s: float,
+    ):
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
@@ -78,7 +88,9 @@ class Batcher:
             if len(self._queue) >= self._max_queue:
                 metrics.REJECTED.labels("queue_full").inc()
                 retry = max(1, math.ceil(len(self._queue) * self._job_seconds))
-                raise Overloaded(f"the queue is full ({self._max_queue} requests waiting); retry later", retry)
+                raise Overloaded(
+                    f"the queue is full ({self._max_queue} requests waiting); retry later", retry
+                )
             job = _Job(texts=texts, params=params, future=loop.create_future(), loop=loop)
             self._queue.append(job)
             metrics.QUEUE_DEPTH.set(len(self._queue))
@@ -112,7 +124,11 @@ class Batcher:
             deadline = time.monotonic() + self._max_delay_s
             while size < self._max_batch_size and first.params.seed is None:
                 companion = next(
-                    (j for j in self._queue if j.mergeable_with(first) and size + len(j.texts) <= self._max_batch_size),
+                    (
+                        j
+                        for j in self._queue
+                        if j.mergeable_with(first) and size + len(j.texts) <= self._max_batch_size
+                    ),
                     None,
                 )
                 if companion is not None:

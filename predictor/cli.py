@@ -19,7 +19,9 @@ log = logging.getLogger("predictor")
 def _progress_bar(total: int | None, desc: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not sys.stderr.isatty())
+    return tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not sys.stderr.isatty()
+    )
 
 
 # --- serve ---------------------------------------------------------------------------------
@@ -100,9 +102,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
         model_dir = Path(args.model_dir) if args.model_dir else Path(tmp)
         if args.storage_uri:
             storage.fetch(
-                args.storage_uri, model_dir, concurrency=settings.fetch_concurrency,
-                part_size=settings.fetch_part_size, engine=settings.engine,
-            )  # fmt: skip
+                args.storage_uri,
+                model_dir,
+                concurrency=settings.fetch_concurrency,
+                part_size=settings.fetch_part_size,
+                engine=settings.engine,
+            )
         elif not args.model_dir:
             from predictor import artifact
 
@@ -110,9 +115,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
         eng = engines.create(settings)
         eng.load(model_dir)
         params = SynthesisParams(
-            length_scale=args.length_scale, noise_scale=args.noise_scale, noise_w=args.noise_w,
-            voice=args.voice, seed=args.seed,
-        )  # fmt: skip
+            length_scale=args.length_scale,
+            noise_scale=args.noise_scale,
+            noise_w=args.noise_w,
+            voice=args.voice,
+            seed=args.seed,
+        )
         (audio,) = eng.synthesize([args.text], params)
     out = Path(args.out)
     part = out.with_name(f".{out.name}.part")
@@ -128,13 +136,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from predictor import compare
 
     thresholds = compare.Thresholds(
-        min_match_rate=args.min_match_rate, max_p50_increase=args.max_p50_increase,
-        max_p99_increase=args.max_p99_increase, max_error_rate_increase=args.max_error_rate_increase,
-        max_duration_change=args.max_duration_change, max_mcd_p50_db=args.max_mcd_p50,
+        min_match_rate=args.min_match_rate,
+        max_p50_increase=args.max_p50_increase,
+        max_p99_increase=args.max_p99_increase,
+        max_error_rate_increase=args.max_error_rate_increase,
+        max_duration_change=args.max_duration_change,
+        max_mcd_p50_db=args.max_mcd_p50,
         max_mcd_p95_db=args.max_mcd_p95,
-    )  # fmt: skip
+    )
     try:
-        report = compare.compare(compare.load_records(args.stable), compare.load_records(args.canary), thresholds)
+        report = compare.compare(
+            compare.load_records(args.stable), compare.load_records(args.canary), thresholds
+        )
         if args.png:
             compare.write_png(report, Path(args.png))
     except compare.CompareError as exc:
@@ -163,9 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fetch", help="download and verify an artifact into DIR")
     p.add_argument("uri")
     p.add_argument("dir")
-    p.add_argument("--engine", choices=["torch", "onnx"], help="only the files this engine reads (default: all)")
+    p.add_argument(
+        "--engine", choices=["torch", "onnx"], help="only the files this engine reads (default: all)"
+    )
 
-    p = sub.add_parser("synth", help="synthesize one text offline to a float WAV file, as the model produced it (not normalized)")
+    p = sub.add_parser(
+        "synth",
+        help="synthesize one text offline to a float WAV file, as the model produced it (not normalized)",
+    )
     p.add_argument("--text", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--model-dir", help="an artifact dir (default: the packaged voice)")
@@ -181,30 +199,74 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = Thresholds()
     p = sub.add_parser(
-        "compare", help="judge a canary from shadow records: PASS (exit 0) or FAIL (exit 1); bad input exits 2"
+        "compare",
+        help="judge a canary from shadow records: PASS (exit 0) or FAIL (exit 1); bad input exits 2",
     )
-    p.add_argument("--stable", required=True, help="stable's records: s3://bucket/prefix, a JSONL file or a directory")
+    p.add_argument(
+        "--stable", required=True, help="stable's records: s3://bucket/prefix, a JSONL file or a directory"
+    )
     p.add_argument("--canary", required=True, help="canary's records, likewise")
     p.add_argument("--png", help="write latency CDFs and the distance histogram here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--min-match-rate", type=float, default=t.min_match_rate, metavar="FRACTION",
-                   help=f"stable requests the canary must also have recorded (default {t.min_match_rate})")
-    p.add_argument("--max-p50-increase", type=float, default=t.max_p50_increase, metavar="FRACTION",
-                   help=f"canary p50 latency over stable's (default {t.max_p50_increase} = +10%%)")
-    p.add_argument("--max-p99-increase", type=float, default=t.max_p99_increase, metavar="FRACTION",
-                   help=f"canary p99 latency over stable's (default {t.max_p99_increase})")
-    p.add_argument("--max-error-rate-increase", type=float, default=t.max_error_rate_increase, metavar="FRACTION",
-                   help=f"absolute increase of the error rate (default {t.max_error_rate_increase})")
-    p.add_argument("--max-duration-change", type=float, default=t.max_duration_change, metavar="FRACTION",
-                   help=f"|median canary/stable audio duration - 1| (default {t.max_duration_change})")
-    p.add_argument("--max-mcd-p50", type=float, default=t.max_mcd_p50_db, metavar="DB",
-                   help=f"median mel-cepstral distortion (default {t.max_mcd_p50_db} dB)")
-    p.add_argument("--max-mcd-p95", type=float, default=t.max_mcd_p95_db, metavar="DB",
-                   help=f"95th percentile mel-cepstral distortion (default {t.max_mcd_p95_db} dB)")
+    p.add_argument(
+        "--min-match-rate",
+        type=float,
+        default=t.min_match_rate,
+        metavar="FRACTION",
+        help=f"stable requests the canary must also have recorded (default {t.min_match_rate})",
+    )
+    p.add_argument(
+        "--max-p50-increase",
+        type=float,
+        default=t.max_p50_increase,
+        metavar="FRACTION",
+        help=f"canary p50 latency over stable's (default {t.max_p50_increase} = +10%%)",
+    )
+    p.add_argument(
+        "--max-p99-increase",
+        type=float,
+        default=t.max_p99_increase,
+        metavar="FRACTION",
+        help=f"canary p99 latency over stable's (default {t.max_p99_increase})",
+    )
+    p.add_argument(
+        "--max-error-rate-increase",
+        type=float,
+        default=t.max_error_rate_increase,
+        metavar="FRACTION",
+        help=f"absolute increase of the error rate (default {t.max_error_rate_increase})",
+    )
+    p.add_argument(
+        "--max-duration-change",
+        type=float,
+        default=t.max_duration_change,
+        metavar="FRACTION",
+        help=f"|median canary/stable audio duration - 1| (default {t.max_duration_change})",
+    )
+    p.add_argument(
+        "--max-mcd-p50",
+        type=float,
+        default=t.max_mcd_p50_db,
+        metavar="DB",
+        help=f"median mel-cepstral distortion (default {t.max_mcd_p50_db} dB)",
+    )
+    p.add_argument(
+        "--max-mcd-p95",
+        type=float,
+        default=t.max_mcd_p95_db,
+        metavar="DB",
+        help=f"95th percentile mel-cepstral distortion (default {t.max_mcd_p95_db} dB)",
+    )
     return parser
 
 
-COMMANDS = {"serve": cmd_serve, "publish": cmd_publish, "fetch": cmd_fetch, "synth": cmd_synth, "compare": cmd_compare}
+COMMANDS = {
+    "serve": cmd_serve,
+    "publish": cmd_publish,
+    "fetch": cmd_fetch,
+    "synth": cmd_synth,
+    "compare": cmd_compare,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

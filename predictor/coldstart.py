@@ -61,7 +61,9 @@ class _FetchProcess:
         self._conn, child_end = context.Pipe(duplex=False)
         self.started_ns = time.time_ns()
         # daemon: if the predictor exits mid-download (SIGTERM), the download goes with it.
-        self._process = context.Process(target=_fetch_child, args=(settings, child_end), name="fetch", daemon=True)
+        self._process = context.Process(
+            target=_fetch_child, args=(settings, child_end), name="fetch", daemon=True
+        )
         self._process.start()
         child_end.close()
 

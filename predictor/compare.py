@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import numpy as np
+    pass
 
 # numpy, orjson and boto3 are imported where used: the CLI builds its parser from Thresholds before
 # `serve` starts its cold-start download, and must not pay for them there.
@@ -40,10 +40,14 @@ def _parse_jsonl(data: bytes, where: str) -> list[dict[str, Any]]:
         except orjson.JSONDecodeError as exc:
             raise CompareError(f"{where}:{n} is not JSON: {exc}") from None
         if not (
-            isinstance(record, dict) and isinstance(record.get("id"), str) and isinstance(record.get("status"), int)
+            isinstance(record, dict)
+            and isinstance(record.get("id"), str)
+            and isinstance(record.get("status"), int)
             and isinstance(record.get("latency_s"), (int, float))
-        ):  # fmt: skip
-            raise CompareError(f"{where}:{n} is not a shadow record (needs a string id, an integer status, a numeric latency_s)")
+        ):
+            raise CompareError(
+                f"{where}:{n} is not a shadow record (needs a string id, an integer status, a numeric latency_s)"
+            )
         records.append(record)
     return records
 
@@ -63,7 +67,9 @@ def load_records(uri: str) -> list[dict[str, Any]]:
     if path.is_file():
         return _parse_jsonl(path.read_bytes(), str(path))
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*.jsonl") if not p.name.startswith("."))  # dot files: partial writes
+        files = sorted(
+            p for p in path.rglob("*.jsonl") if not p.name.startswith(".")
+        )  # dot files: partial writes
         return [r for f in files for r in _parse_jsonl(f.read_bytes(), str(f))]
     raise CompareError(f"{uri}: no such file or directory")
 
@@ -76,7 +82,9 @@ def _load_s3(bucket: str, prefix: str, uri: str) -> list[dict[str, Any]]:
     client = s3_client(concurrency=4)
     records: list[dict[str, Any]] = []
     try:
-        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/" if prefix else "")
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=f"{prefix}/" if prefix else ""
+        )
         for page in pages:
             for obj in page.get("Contents", []):
                 if obj["Key"].endswith(".jsonl"):
@@ -150,8 +158,11 @@ def _revision(records: dict[str, dict[str, Any]]) -> str:
     return names[0] if len(names) == 1 else ",".join(names)
 
 
-def compare(stable_records: list[dict[str, Any]], canary_records: list[dict[str, Any]],
-            thresholds: Thresholds = Thresholds()) -> Report:  # fmt: skip
+def compare(
+    stable_records: list[dict[str, Any]],
+    canary_records: list[dict[str, Any]],
+    thresholds: Thresholds = Thresholds(),
+) -> Report:
     import numpy as np
 
     from predictor import shadow
@@ -183,16 +194,22 @@ def compare(stable_records: list[dict[str, Any]], canary_records: list[dict[str,
         if s.get("mcep") and c.get("mcep")
     ]
     report = Report(
-        stable_revision=_revision(stable), canary_revision=_revision(canary),
-        stable_records=len(stable), canary_records=len(canary), matched=len(pairs),
+        stable_revision=_revision(stable),
+        canary_revision=_revision(canary),
+        stable_records=len(stable),
+        canary_records=len(canary),
+        matched=len(pairs),
         match_rate=len(pairs) / len(stable),
-        latency_p50_s=(_pct(lat_s, 50), _pct(lat_c, 50)), latency_p99_s=(_pct(lat_s, 99), _pct(lat_c, 99)),
+        latency_p50_s=(_pct(lat_s, 50), _pct(lat_c, 50)),
+        latency_p99_s=(_pct(lat_s, 99), _pct(lat_c, 99)),
         error_rate=errors,
         duration_ratio=float(np.median(ratios)) if ratios else None,
-        mcd_p50_db=_pct(distances, 50) if distances else None, mcd_p95_db=_pct(distances, 95) if distances else None,
+        mcd_p50_db=_pct(distances, 50) if distances else None,
+        mcd_p95_db=_pct(distances, 95) if distances else None,
         text_mismatches=sum(s.get("text_sha256") != c.get("text_sha256") for s, c in both_ok),
-        latencies=(lat_s, lat_c), distances=distances,
-    )  # fmt: skip
+        latencies=(lat_s, lat_c),
+        distances=distances,
+    )
     report.reasons = _judge(report, thresholds)
     return report
 
@@ -201,9 +218,14 @@ def _judge(r: Report, t: Thresholds) -> list[str]:
     reasons = []
     if r.match_rate < t.min_match_rate:
         reasons.append(f"match rate {r.match_rate:.1%} < {t.min_match_rate:.1%}: the canary missed requests")
-    for name, (s, c), limit in (("p50", r.latency_p50_s, t.max_p50_increase), ("p99", r.latency_p99_s, t.max_p99_increase)):
+    for name, (s, c), limit in (
+        ("p50", r.latency_p50_s, t.max_p50_increase),
+        ("p99", r.latency_p99_s, t.max_p99_increase),
+    ):
         if s > 0 and c > s * (1 + limit):
-            reasons.append(f"latency {name} {c * 1e3:.0f} ms vs {s * 1e3:.0f} ms (+{c / s - 1:.0%} > +{limit:.0%})")
+            reasons.append(
+                f"latency {name} {c * 1e3:.0f} ms vs {s * 1e3:.0f} ms (+{c / s - 1:.0%} > +{limit:.0%})"
+            )
     if r.error_rate[1] - r.error_rate[0] > t.max_error_rate_increase:
         reasons.append(
             f"error rate {r.error_rate[1]:.1%} vs {r.error_rate[0]:.1%} (+{r.error_rate[1] - r.error_rate[0]:.1%} "
@@ -216,7 +238,9 @@ def _judge(r: Report, t: Thresholds) -> list[str]:
     if r.mcd_p95_db is not None and r.mcd_p95_db > t.max_mcd_p95_db:
         reasons.append(f"spectral distance p95 {r.mcd_p95_db:.2f} dB > {t.max_mcd_p95_db:g} dB")
     if r.text_mismatches:
-        reasons.append(f"{r.text_mismatches} matched requests carry different texts: request ids are not unique")
+        reasons.append(
+            f"{r.text_mismatches} matched requests carry different texts: request ids are not unique"
+        )
     return reasons
 
 
@@ -273,9 +297,15 @@ def write_png(report: Report, out: Path) -> None:
     ax_lat.legend(loc="lower right")
     if report.distances:
         ax_mcd.hist(report.distances, bins=min(30, max(5, len(report.distances) // 2)))
-    ax_mcd.set(xlabel="mel-cepstral distortion (dB)", ylabel="matched requests", title="spectral distance, canary vs stable")
+    ax_mcd.set(
+        xlabel="mel-cepstral distortion (dB)",
+        ylabel="matched requests",
+        title="spectral distance, canary vs stable",
+    )
     ax_mcd.grid(alpha=0.3)
-    fig.suptitle(f"{report.canary_revision} vs {report.stable_revision}: {'PASS' if report.passed else 'FAIL'}")
+    fig.suptitle(
+        f"{report.canary_revision} vs {report.stable_revision}: {'PASS' if report.passed else 'FAIL'}"
+    )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)

@@ -35,11 +35,18 @@ class Settings(BaseSettings):
     )
     model_dir: Path = Field(Path("/mnt/models"), description="Where the artifact lands (the pod's emptyDir).")
     fetch_concurrency: int = Field(
-        16, ge=1, le=64, description="Parallel ranged GETs across all files (S3 gives ~90 MB/s per connection)."
+        16,
+        ge=1,
+        le=64,
+        description="Parallel ranged GETs across all files (S3 gives ~90 MB/s per connection).",
     )
     fetch_part_size_mib: int = Field(8, ge=1, le=1024, description="Bytes per ranged GET, MiB.")
-    fetch_retries: int = Field(5, ge=0, le=20, description="Attempts per part after the first, on retryable errors.")
-    fetch_backoff_s: float = Field(0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry.")
+    fetch_retries: int = Field(
+        5, ge=0, le=20, description="Attempts per part after the first, on retryable errors."
+    )
+    fetch_backoff_s: float = Field(
+        0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry."
+    )
 
     # --- engine ---
     engine: Literal["torch", "onnx"] = Field(
@@ -56,17 +63,22 @@ class Settings(BaseSettings):
         0.0, ge=0.0, le=1.0, description="Most of the GPU's memory this process may take (0 = no cap)."
     )
     cpu_threads: int = Field(
-        0, ge=0, le=256, description="Intra-op threads; 0 = the container's CPU quota (cgroup), not host cores."
+        0,
+        ge=0,
+        le=256,
+        description="Intra-op threads; 0 = the container's CPU quota (cgroup), not host cores.",
     )
-    warmup_text: str = Field(
-        "Warming up the voice.", min_length=1, description="Synthesized before ready."
-    )
+    warmup_text: str = Field("Warming up the voice.", min_length=1, description="Synthesized before ready.")
     max_text_chars: int = Field(
-        5_000, ge=1, description="Longest accepted text per item, characters (a whole response is held in memory)."
+        5_000,
+        ge=1,
+        description="Longest accepted text per item, characters (a whole response is held in memory).",
     )
     max_batch_items: int = Field(64, ge=1, description="Most texts in one v2 request (shape [N]).")
     max_stream_text_chars: int = Field(
-        50_000, ge=1, description="Longest input of /v1/audio/speech, characters (synthesized segment by segment)."
+        50_000,
+        ge=1,
+        description="Longest input of /v1/audio/speech, characters (synthesized segment by segment).",
     )
     max_segment_chars: int = Field(
         300, ge=20, le=5000, description="Longest segment the speech route cuts a text into, characters."
@@ -75,47 +87,67 @@ class Settings(BaseSettings):
 
     # --- batcher: one engine thread behind a bounded queue ---
     max_batch_size: int = Field(
-        0, ge=0, le=256, description="Most texts of compatible requests run as one engine call; 0 = per device "
-        "(1 on CPU, where batching measured slower; 16 on CUDA)."
+        0,
+        ge=0,
+        le=256,
+        description="Most texts of compatible requests run as one engine call; 0 = per device "
+        "(1 on CPU, where batching measured slower; 16 on CUDA).",
     )
     max_batch_delay_ms: float = Field(
         5.0, ge=0, le=1000, description="How long the first request of a batch waits for companions, ms."
     )
-    max_queue: int = Field(32, ge=1, description="Requests waiting for the engine; one more is refused at once (503).")
+    max_queue: int = Field(
+        32, ge=1, description="Requests waiting for the engine; one more is refused at once (503)."
+    )
     request_timeout_s: float = Field(
         30.0, gt=0, description="A request still queued after this long is dropped (503), seconds."
     )
 
     # --- lifecycle ---
     drain_timeout_s: float = Field(
-        25.0, ge=0, description="On SIGTERM, how long in-flight requests may finish, seconds "
-        "(keep below the pod's terminationGracePeriodSeconds)."
+        25.0,
+        ge=0,
+        description="On SIGTERM, how long in-flight requests may finish, seconds "
+        "(keep below the pod's terminationGracePeriodSeconds).",
     )
 
     # --- synthesis defaults ---
     default_length_scale: float = Field(
-        0.0, ge=0.0, le=5.0, description="length_scale where a request sets none (v2, v1, CloudEvents); "
-        "0 = the voice's own (config.json). >1 speaks slower."
+        0.0,
+        ge=0.0,
+        le=5.0,
+        description="length_scale where a request sets none (v2, v1, CloudEvents); "
+        "0 = the voice's own (config.json). >1 speaks slower.",
     )
 
     # --- shadow traffic: request ids, revision, records for canary verdicts ---
     revision: str = Field(
-        "", description="Revision name on responses (x-tts-revision) and shadow records; empty = K_REVISION, else local."
+        "",
+        description="Revision name on responses (x-tts-revision) and shadow records; empty = K_REVISION, else local.",
     )
-    k_revision: str = Field("", description="Set by Knative to the serving revision's name; read, never set by hand.")
+    k_revision: str = Field(
+        "", description="Set by Knative to the serving revision's name; read, never set by hand."
+    )
     shadow_sink: str = Field(
-        "", description="Where shadow records go: empty = off, stdout, s3://bucket/prefix, or a local directory."
+        "",
+        description="Where shadow records go: empty = off, stdout, s3://bucket/prefix, or a local directory.",
     )
     shadow_batch_records: int = Field(
         500, ge=1, le=100_000, description="Records per written batch (one S3 object; S3 bills per request)."
     )
     shadow_flush_s: float = Field(
-        10.0, gt=0, le=3600, description="Longest a record waits in memory before its batch is written, seconds "
-        "(bounds what a crash loses and how stale compare's input is)."
+        10.0,
+        gt=0,
+        le=3600,
+        description="Longest a record waits in memory before its batch is written, seconds "
+        "(bounds what a crash loses and how stale compare's input is).",
     )
     shadow_queue: int = Field(
-        256, ge=1, le=100_000, description="Finished requests waiting for their record (each holds its audio); "
-        "one more is dropped and counted, never waited for."
+        256,
+        ge=1,
+        le=100_000,
+        description="Finished requests waiting for their record (each holds its audio); "
+        "one more is dropped and counted, never waited for.",
     )
 
     # --- CloudEvents ---
@@ -123,7 +155,8 @@ class Settings(BaseSettings):
         "dev.tts-predictor.synthesize.v1", description="Event type accepted on the v1 predict path."
     )
     ce_reply_type: str = Field(
-        "dev.tts-predictor.synthesized.v1", description="Type of the reply event; must differ from the request type."
+        "dev.tts-predictor.synthesized.v1",
+        description="Type of the reply event; must differ from the request type.",
     )
     ce_source: str = Field("", description="Source of reply events; empty = /models/<MODEL_NAME>.")
     ce_inline_max_bytes: int = Field(
@@ -170,7 +203,7 @@ class Settings(BaseSettings):
     @field_validator("shadow_sink")
     @classmethod
     def _shadow_sink(cls, v: str) -> str:
-        if v.startswith("s3://") and not v[len("s3://"):].strip("/"):
+        if v.startswith("s3://") and not v[len("s3://") :].strip("/"):
             raise ValueError("s3:// needs a bucket: s3://bucket/prefix")
         if "://" in v and not v.startswith(("s3://", "file://")):
             raise ValueError("must be empty, stdout, s3://bucket/prefix or a local directory")

@@ -61,7 +61,9 @@ def _device(device: str) -> torch.device:
     count = torch.cuda.device_count()
     if index >= count:
         # CUDA_VISIBLE_DEVICES renumbers the visible cards from 0.
-        raise EngineError(f"DEVICE={device} but only {count} CUDA device(s) are visible (cuda:0..cuda:{count - 1})")
+        raise EngineError(
+            f"DEVICE={device} but only {count} CUDA device(s) are visible (cuda:0..cuda:{count - 1})"
+        )
     return torch.device("cuda", index)
 
 
@@ -70,5 +72,7 @@ def _dtype(dtype: str, target: torch.device) -> torch.dtype:
     if target.type == "cpu" and chosen is torch.float16:
         raise EngineError("DTYPE=fp16 needs DEVICE=cuda: CPU kernels for half precision are slow or missing")
     if target.type == "cuda" and chosen is torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise EngineError(f"DTYPE=bf16 but {torch.cuda.get_device_name(target)} has no bf16 support; use fp16")
+        raise EngineError(
+            f"DTYPE=bf16 but {torch.cuda.get_device_name(target)} has no bf16 support; use fp16"
+        )
     return chosen

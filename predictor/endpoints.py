@@ -32,9 +32,16 @@ from predictor.service import SynthesisResult, TTSService
 SYNTH_PARAMS = ("length_scale", "noise_scale", "noise_w", "voice", "seed")
 # Request parameters the v2 protocol and its clients (Triton's, KServe's) send on their own.
 PROTOCOL_PARAMS = {
-    "binary_data_output", "binary_data", "binary_data_size", "headers",
-    "priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
-}  # fmt: skip
+    "binary_data_output",
+    "binary_data",
+    "binary_data_size",
+    "headers",
+    "priority",
+    "timeout",
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+}
 OUTPUTS = ("audio", "audio_length")
 BINARY_HEADER = "inference-header-content-length"
 
@@ -91,7 +98,9 @@ def _integer(name: str, value: Any, strings_allowed: bool) -> int:
     return value
 
 
-def parse_params(raw: Mapping[str, Any] | None, *, strings_allowed: bool, extra_ok: set[str] = PROTOCOL_PARAMS) -> SynthesisParams:
+def parse_params(
+    raw: Mapping[str, Any] | None, *, strings_allowed: bool, extra_ok: set[str] = PROTOCOL_PARAMS
+) -> SynthesisParams:
     """Synthesis parameters from a request's parameter map; unknown names are refused."""
     values: dict[str, Any] = {}
     for name, value in (raw or {}).items():
@@ -116,7 +125,9 @@ def decode_texts(items: Any, where: str = "text") -> list[str]:
             try:
                 item = bytes(item).decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise BadRequest(f"{where}[{i}] is not valid UTF-8: {exc.reason} at byte {exc.start}") from None
+                raise BadRequest(
+                    f"{where}[{i}] is not valid UTF-8: {exc.reason} at byte {exc.start}"
+                ) from None
         if not isinstance(item, str):
             raise BadRequest(f"{where}[{i}] must be a UTF-8 string, got {type(item).__name__}")
         out.append(item)
@@ -148,10 +159,16 @@ def decode_binary_request(body: bytes, header_length: str, model_name: str) -> I
         params = dict(tensor.get("parameters") or {})
         size = params.pop("binary_data_size", None)
         if size is None:
-            raise BadRequest(f"input {tensor['name']!r} has no binary_data_size; mixing JSON and binary inputs is not supported")
+            raise BadRequest(
+                f"input {tensor['name']!r} has no binary_data_size; mixing JSON and binary inputs is not supported"
+            )
         if not isinstance(size, int) or size < 0 or offset + size > len(body):
-            raise BadRequest(f"input {tensor['name']!r}: binary_data_size={size} runs past the end of the body")
-        inputs.append(InferInput(tensor["name"], list(tensor["shape"]), tensor["datatype"], parameters=params))
+            raise BadRequest(
+                f"input {tensor['name']!r}: binary_data_size={size} runs past the end of the body"
+            )
+        inputs.append(
+            InferInput(tensor["name"], list(tensor["shape"]), tensor["datatype"], parameters=params)
+        )
         raw.append(body[offset : offset + size])
         offset += size
     if offset != len(body):
@@ -162,9 +179,13 @@ def decode_binary_request(body: bytes, header_length: str, model_name: str) -> I
             raise BadRequest(f"outputs[{i}] must be an object with a name")
         outputs.append(RequestedOutput(o["name"], dict(o.get("parameters") or {})))
     return InferRequest(
-        model_name=model_name, infer_inputs=inputs, request_id=header.get("id"), raw_inputs=raw,
-        parameters=dict(header.get("parameters") or {}), request_outputs=outputs or None,
-    )  # fmt: skip
+        model_name=model_name,
+        infer_inputs=inputs,
+        request_id=header.get("id"),
+        raw_inputs=raw,
+        parameters=dict(header.get("parameters") or {}),
+        request_outputs=outputs or None,
+    )
 
 
 def parse_inference_request(raw: bytes) -> InferenceRequest:
@@ -180,7 +201,7 @@ def padded(result: SynthesisResult) -> tuple[np.ndarray, np.ndarray]:
     """audio [N, S] float32 zero-padded to the longest item, audio_length [N] int64."""
     lengths = np.array([len(a) for a in result.audio], dtype=np.int64)
     audio = np.zeros((len(result.audio), int(lengths.max(initial=0))), dtype=np.float32)
-    for row, a in zip(audio, result.audio):
+    for row, a in zip(audio, result.audio, strict=False):
         row[: len(a)] = a
     return audio, lengths
 
@@ -216,7 +237,9 @@ def parse_v1(body: Any) -> tuple[list[str], SynthesisParams]:
         texts.append(inst["text"])
     if not isinstance(body.get("parameters", {}), dict):
         raise BadRequest("parameters must be an object")
-    return decode_texts(texts, "instances"), parse_params(body.get("parameters"), strings_allowed=False, extra_ok=set())
+    return decode_texts(texts, "instances"), parse_params(
+        body.get("parameters"), strings_allowed=False, extra_ok=set()
+    )
 
 
 # --- v2 --------------------------------------------------------------------------------------
@@ -237,7 +260,9 @@ def decode_v2(payload: InferRequest, binary_default: bool) -> V2Call:
         if r.name not in OUTPUTS:
             raise BadRequest(f"unknown output {r.name!r}; this model has {list(OUTPUTS)}")
     if requested:
-        outputs = [(r.name, binary_default if r.binary_data is None else bool(r.binary_data)) for r in requested]
+        outputs = [
+            (r.name, binary_default if r.binary_data is None else bool(r.binary_data)) for r in requested
+        ]
     else:
         outputs = [(name, binary_default) for name in OUTPUTS]
     return V2Call(
@@ -293,12 +318,20 @@ def encode_rest(call: V2Call, result: SynthesisResult, model_name: str) -> tuple
             entry["data"] = np.ascontiguousarray(array).reshape(-1)
         outputs.append(entry)
     header = orjson.dumps(
-        {"id": call.request_id, "model_name": model_name, "parameters": {"sample_rate": result.sample_rate}, "outputs": outputs},
+        {
+            "id": call.request_id,
+            "model_name": model_name,
+            "parameters": {"sample_rate": result.sample_rate},
+            "outputs": outputs,
+        },
         option=orjson.OPT_SERIALIZE_NUMPY,
     )
     if not raw:
         return header, {"content-type": "application/json"}
-    return b"".join([header, *raw]), {"content-type": "application/octet-stream", BINARY_HEADER: str(len(header))}
+    return b"".join([header, *raw]), {
+        "content-type": "application/octet-stream",
+        BINARY_HEADER: str(len(header)),
+    }
 
 
 def encode_grpc(call: V2Call, result: SynthesisResult, model_name: str) -> pb.ModelInferResponse:
@@ -350,7 +383,9 @@ class TTSModel(Model):
     def validate(self, payload: Any) -> Any:
         return payload
 
-    async def predict(self, payload: InferRequest, headers: dict[str, str] | None = None) -> pb.ModelInferResponse:
+    async def predict(
+        self, payload: InferRequest, headers: dict[str, str] | None = None
+    ) -> pb.ModelInferResponse:
         # Raw inputs get raw outputs (what Triton's client expects); typed inputs get typed contents.
         call = decode_v2(payload, binary_default=bool(payload.use_binary_outputs))
         result = await self.service.synthesize(call.texts, call.params)

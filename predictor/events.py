@@ -26,15 +26,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cloudevents.http import CloudEvent, from_http, to_binary, to_structured
 from cloudevents.exceptions import GenericException as CloudEventError
+from cloudevents.http import CloudEvent, from_http, to_binary, to_structured
 
 from predictor import audio
 from predictor.config import Settings
-from predictor.engine import SynthesisParams
 from predictor.endpoints import decode_texts, parse_params
+from predictor.engine import SynthesisParams
 from predictor.errors import BadRequest, ReplyTooLarge
-from predictor.outputs import Completion, EncodedAudio, OutputStore, OutputTarget, event_key, now_iso, parse_output_uri
+from predictor.outputs import (
+    Completion,
+    EncodedAudio,
+    OutputStore,
+    OutputTarget,
+    event_key,
+    now_iso,
+    parse_output_uri,
+)
 from predictor.service import TTSService
 
 STRUCTURED = "application/cloudevents+json"
@@ -71,11 +79,15 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     except (CloudEventError, ValueError) as exc:
         raise BadRequest(f"malformed CloudEvent: {exc}") from None
     if event["type"] != settings.ce_request_type:
-        raise BadRequest(f"unsupported event type {event['type']!r}; this predictor accepts {settings.ce_request_type!r}")
+        raise BadRequest(
+            f"unsupported event type {event['type']!r}; this predictor accepts {settings.ce_request_type!r}"
+        )
     data = event.data
     if not isinstance(data, dict) or "text" not in data:
         raise BadRequest('event data must be a JSON object {"text": "...", ...}')
-    params = parse_params({k: v for k, v in data.items() if k not in _EVENT_FIELDS}, strings_allowed=False, extra_ok=set())
+    params = parse_params(
+        {k: v for k, v in data.items() if k not in _EVENT_FIELDS}, strings_allowed=False, extra_ok=set()
+    )
     (text,) = decode_texts([data["text"]], "data.text")
     output = parse_output_uri(data["output"]) if data.get("output") is not None else None
     return SynthesisEvent(
@@ -105,12 +117,16 @@ def _json_data(raw: bytes | str | None):
         raise BadRequest(f"event data is not valid JSON: {exc}") from None
 
 
-async def complete(request: SynthesisEvent, service: TTSService, store: OutputStore, settings: Settings) -> Completion:
+async def complete(
+    request: SynthesisEvent, service: TTSService, store: OutputStore, settings: Settings
+) -> Completion:
     """Do what the event asks: synthesize, then write the output once, or carry the audio inline."""
     # Refuse a bad text or voice before storage is asked anything: a 400 must not depend on S3.
     service.check([request.text], request.params)
     if request.output is not None:
-        return await store.complete(request.output, request.key, request.data_sha256, lambda: _synthesize(request, service))
+        return await store.complete(
+            request.output, request.key, request.data_sha256, lambda: _synthesize(request, service)
+        )
     encoded = await _synthesize(request, service)
     if len(encoded.data) > settings.ce_inline_max_bytes:
         raise ReplyTooLarge(
@@ -143,7 +159,9 @@ async def _synthesize(request: SynthesisEvent, service: TTSService) -> EncodedAu
     )
 
 
-def reply(request: SynthesisEvent, completion: Completion, settings: Settings) -> tuple[dict[str, str], bytes]:
+def reply(
+    request: SynthesisEvent, completion: Completion, settings: Settings
+) -> tuple[dict[str, str], bytes]:
     """The reply event as (headers, body) in the request's mode."""
     attributes = {
         "type": settings.ce_reply_type,

@@ -21,7 +21,9 @@ FETCH_FILES = Counter(
 READY = Gauge("tts_model_ready", "1 once the model is loaded and warm, 0 before and while draining.")
 
 REQUESTS = Counter("tts_requests", "Requests handled, by route template and status code.", ["route", "code"])
-ERRORS = Counter("tts_request_errors", "Requests answered with a status >= 400, by route and code.", ["route", "code"])
+ERRORS = Counter(
+    "tts_request_errors", "Requests answered with a status >= 400, by route and code.", ["route", "code"]
+)
 IN_FLIGHT = Gauge("tts_in_flight_requests", "Synthesis requests admitted and not yet answered.")
 QUEUE_DEPTH = Gauge("tts_queue_depth", "Synthesis requests waiting for the engine.")
 QUEUE_WAIT_SECONDS = Histogram(

@@ -151,7 +151,11 @@ class OutputStore:
         self._in_flight: dict[str, asyncio.Future[Completion]] = {}
 
     async def complete(
-        self, target: OutputTarget, key: str, request_sha256: str, produce: Callable[[], Awaitable[EncodedAudio]]
+        self,
+        target: OutputTarget,
+        key: str,
+        request_sha256: str,
+        produce: Callable[[], Awaitable[EncodedAudio]],
     ) -> Completion:
         """The event's completion: from storage if it was done before, else produce, upload and record it."""
         pending = self._in_flight.get(key)
@@ -170,7 +174,11 @@ class OutputStore:
             future.exception()  # retrieved here, so a failure nobody awaited any more is not logged as lost
 
     async def _complete_once(
-        self, target: OutputTarget, key: str, request_sha256: str, produce: Callable[[], Awaitable[EncodedAudio]]
+        self,
+        target: OutputTarget,
+        key: str,
+        request_sha256: str,
+        produce: Callable[[], Awaitable[EncodedAudio]],
     ) -> Completion:
         try:
             found = await asyncio.to_thread(self._find, target, key, request_sha256)
@@ -178,7 +186,9 @@ class OutputStore:
                 return found
             audio = await produce()
             try:
-                return await asyncio.to_thread(self._write, target, key, request_sha256, audio, found is _ABSENT)
+                return await asyncio.to_thread(
+                    self._write, target, key, request_sha256, audio, found is _ABSENT
+                )
             except _LostRace:
                 # Another replica created the object while we synthesized: it is this event's (or the
                 # next lookup says whose), and ours is discarded rather than written a second time.
@@ -215,7 +225,10 @@ class OutputStore:
                     extra={"event_key": key, "uri": target.uri},
                 )
             metrics.EVENT_OUTPUTS.labels("replayed").inc()
-            log.info("event already completed; replying from its record", extra={"event_key": key, "uri": target.uri})
+            log.info(
+                "event already completed; replying from its record",
+                extra={"event_key": key, "uri": target.uri},
+            )
             return Completion(data=record["reply"], time=record["completed_at"])
         with _translated(target):
             head = _head(client, target.bucket, target.key)
@@ -236,7 +249,10 @@ class OutputStore:
         completed_at = iso(head["LastModified"])
         self._put_record(target, key, request_sha256, data, completed_at)
         metrics.EVENT_OUTPUTS.labels("recovered").inc()
-        log.info("event's output found without its record; record rebuilt", extra={"event_key": key, "uri": target.uri})
+        log.info(
+            "event's output found without its record; record rebuilt",
+            extra={"event_key": key, "uri": target.uri},
+        )
         return Completion(data=data, time=completed_at)
 
     def _write(
@@ -255,10 +271,14 @@ class OutputStore:
         completed_at = now_iso()
         self._put_record(target, key, request_sha256, data, completed_at)
         metrics.EVENT_OUTPUTS.labels("written").inc()
-        log.info("event output written", extra={"event_key": key, "uri": target.uri, "bytes": len(audio.data)})
+        log.info(
+            "event output written", extra={"event_key": key, "uri": target.uri, "bytes": len(audio.data)}
+        )
         return Completion(data=data, time=completed_at)
 
-    def _upload(self, target: OutputTarget, audio: EncodedAudio, metadata: dict[str, str], create_only: bool) -> None:
+    def _upload(
+        self, target: OutputTarget, audio: EncodedAudio, metadata: dict[str, str], create_only: bool
+    ) -> None:
         """One PUT, or a multipart upload above the part size; visible only once complete either way.
 
         ``create_only`` (the key was free when we looked) makes the write conditional on the key still
@@ -276,14 +296,16 @@ class OutputStore:
                     **where, Body=audio.data, ContentType=audio.media_type, Metadata=metadata, **condition
                 )
                 return
-            upload_id = client.create_multipart_upload(**where, ContentType=audio.media_type, Metadata=metadata)[
-                "UploadId"
-            ]
+            upload_id = client.create_multipart_upload(
+                **where, ContentType=audio.media_type, Metadata=metadata
+            )["UploadId"]
             try:
                 parts = []
                 for number, start in enumerate(range(0, len(audio.data), self._part_size), start=1):
                     chunk = audio.data[start : start + self._part_size]
-                    etag = client.upload_part(**where, UploadId=upload_id, PartNumber=number, Body=chunk)["ETag"]
+                    etag = client.upload_part(**where, UploadId=upload_id, PartNumber=number, Body=chunk)[
+                        "ETag"
+                    ]
                     parts.append({"ETag": etag, "PartNumber": number})
                 client.complete_multipart_upload(
                     **where, UploadId=upload_id, MultipartUpload={"Parts": parts}, **condition
@@ -368,7 +390,9 @@ def _translated(target: OutputTarget) -> Iterator[None]:
         if status in (429, 503) or code in _BUSY_CODES:
             raise OutputUnavailable(f"{where}: storage is busy ({detail}); retry later") from exc
         if status == 403 or code == "AccessDenied":
-            raise OutputError(f"{where}: access denied ({detail}); check the predictor's credentials and bucket policy") from exc
+            raise OutputError(
+                f"{where}: access denied ({detail}); check the predictor's credentials and bucket policy"
+            ) from exc
         raise OutputError(f"{where}: storage answered {detail}") from exc
     except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError) as exc:
         raise OutputUnavailable(f"{where}: storage unreachable ({exc}); retry later") from exc

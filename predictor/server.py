@@ -31,16 +31,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import FastAPIDeprecationWarning
 from fastapi.responses import JSONResponse, Response
 from grpc import StatusCode, aio
-from opentelemetry import trace
 from kserve.errors import ModelNotFound, ModelNotReady, ServerNotReady
 from kserve.model_repository import ModelRepository
 from kserve.protocol.dataplane import DataPlane
-from kserve.protocol.infer_type import InferRequest
 from kserve.protocol.grpc import grpc_predict_v2_pb2_grpc
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 from kserve.protocol.grpc.servicer import InferenceServicer
+from kserve.protocol.infer_type import InferRequest
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from kserve.protocol.rest.server import RESTServer
+from opentelemetry import trace
 
 from predictor import events, metrics, shadow, speech, tracing
 from predictor.coldstart import ColdStart
@@ -79,11 +79,18 @@ async def _not_ready(_request: Request, exc: ModelNotReady | ServerNotReady) -> 
 
 
 # Routes whose requests leave a shadow record (REST route templates, gRPC methods).
-SYNTHESIS_ROUTES = frozenset({"/v2/models/{model_name}/infer", "/v1/models/{model_name}:predict", "/v1/audio/speech"})
+SYNTHESIS_ROUTES = frozenset(
+    {"/v2/models/{model_name}/infer", "/v1/models/{model_name}:predict", "/v1/audio/speech"}
+)
 GRPC_SYNTHESIS_METHODS = frozenset({"ModelInfer"})
 # Shadow records carry HTTP statuses, so compare can count errors alike across REST and gRPC.
-_GRPC_AS_HTTP = {StatusCode.OK: 200, StatusCode.INVALID_ARGUMENT: 400, StatusCode.NOT_FOUND: 404,
-                 StatusCode.UNAVAILABLE: 503, StatusCode.UNIMPLEMENTED: 501}  # fmt: skip
+_GRPC_AS_HTTP = {
+    StatusCode.OK: 200,
+    StatusCode.INVALID_ARGUMENT: 400,
+    StatusCode.NOT_FOUND: 404,
+    StatusCode.UNAVAILABLE: 503,
+    StatusCode.UNIMPLEMENTED: 501,
+}
 
 
 class _GrpcErrors(ExceptionToStatusInterceptor):
@@ -100,7 +107,9 @@ class _GrpcErrors(ExceptionToStatusInterceptor):
         name = method_name.rsplit("/", 1)[-1]
         incoming = dict(context.invocation_metadata() or ()).get(shadow.REQUEST_ID_HEADER)
         rid = shadow.request_id(incoming if isinstance(incoming, str) else None)
-        await context.send_initial_metadata(((shadow.REQUEST_ID_HEADER, rid), (shadow.REVISION_HEADER, self._revision)))
+        await context.send_initial_metadata(
+            ((shadow.REQUEST_ID_HEADER, rid), (shadow.REVISION_HEADER, self._revision))
+        )
         started = time.perf_counter()
         # Audio is captured only for calls that will leave a record, as in the REST middleware.
         recorded = self._recorder is not None and name in GRPC_SYNTHESIS_METHODS
@@ -176,7 +185,9 @@ class _Uvicorn(uvicorn.Server):
 
 
 class _RESTServer(RESTServer):
-    def __init__(self, service: TTSService, settings: Settings, recorder: shadow.Recorder | None, **kwargs: Any):
+    def __init__(
+        self, service: TTSService, settings: Settings, recorder: shadow.Recorder | None, **kwargs: Any
+    ):
         super().__init__(**kwargs)
         self._service = service
         self._settings = settings
@@ -191,7 +202,10 @@ class _RESTServer(RESTServer):
         app.add_middleware(_RequestMetrics)
         # Added last, so outermost: its latency covers everything the app does for the request.
         app.add_middleware(
-            shadow.RequestIdentity, revision=self._settings.revision_name, recorder=self._recorder, routes=SYNTHESIS_ROUTES
+            shadow.RequestIdentity,
+            revision=self._settings.revision_name,
+            recorder=self._recorder,
+            routes=SYNTHESIS_ROUTES,
         )
 
     def _register_endpoints(self, app: FastAPI) -> None:
@@ -208,12 +222,16 @@ class _RESTServer(RESTServer):
 
 
 class _GRPCServer:
-    def __init__(self, port: int, dataplane: DataPlane, extension: ModelRepositoryExtension,
-                 interceptor: _GrpcErrors):  # fmt: skip
+    def __init__(
+        self, port: int, dataplane: DataPlane, extension: ModelRepositoryExtension, interceptor: _GrpcErrors
+    ):
         self._port = port
         self._server = aio.server(
             interceptors=(interceptor,),
-            options=[("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 64 << 20)],
+            options=[
+                ("grpc.max_send_message_length", 256 << 20),
+                ("grpc.max_receive_message_length", 64 << 20),
+            ],
         )
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(dataplane, extension), self._server
@@ -255,7 +273,13 @@ def add_routes(app: FastAPI, service: TTSService, settings: Settings) -> None:
     @app.get("/v2/models/{model_name}")
     async def model_metadata(model_name: str) -> dict:
         _known(model_name, name)
-        meta = {"name": name, "versions": [], "platform": settings.engine, "inputs": INPUT_METADATA, "outputs": OUTPUT_METADATA}
+        meta = {
+            "name": name,
+            "versions": [],
+            "platform": settings.engine,
+            "inputs": INPUT_METADATA,
+            "outputs": OUTPUT_METADATA,
+        }
         if service.engine is not None:
             meta["parameters"] = {"sample_rate": service.sample_rate, "voices": service.voices}
         return meta
@@ -317,7 +341,11 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
     except Exception as exc:
         root.record_exception(exc)
         root.end()
-        log.error("cold start failed; the model stays not ready: %s", exc, exc_info=not isinstance(exc, PredictorError))
+        log.error(
+            "cold start failed; the model stays not ready: %s",
+            exc,
+            exc_info=not isinstance(exc, PredictorError),
+        )
         return
     with trace.use_span(root, end_on_exit=True):
         for phase, (t0, t1) in done.phases_ns.items():
@@ -349,9 +377,12 @@ def _recorder(settings: Settings) -> shadow.Recorder | None:
         return None
     log.info("shadow records on", extra={"sink": settings.shadow_sink, "revision": settings.revision_name})
     return shadow.Recorder(
-        sink, settings.revision_name, batch_records=settings.shadow_batch_records,
-        flush_s=settings.shadow_flush_s, queue_size=settings.shadow_queue,
-    )  # fmt: skip
+        sink,
+        settings.revision_name,
+        batch_records=settings.shadow_batch_records,
+        flush_s=settings.shadow_flush_s,
+        queue_size=settings.shadow_queue,
+    )
 
 
 async def run(settings: Settings, cold_start: Future) -> None:
@@ -375,7 +406,9 @@ async def run(settings: Settings, cold_start: Future) -> None:
     servers = [asyncio.create_task(rest.start(), name="rest")]
     grpc_server = None
     if settings.grpc_port:
-        grpc_server = _GRPCServer(settings.grpc_port, dataplane, extension, _GrpcErrors(settings.revision_name, recorder))
+        grpc_server = _GRPCServer(
+            settings.grpc_port, dataplane, extension, _GrpcErrors(settings.revision_name, recorder)
+        )
         servers.append(asyncio.create_task(grpc_server.start(), name="grpc"))
 
     stop = asyncio.Event()

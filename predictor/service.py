@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -92,7 +92,9 @@ class TTSService:
 
     def require_ready(self) -> None:
         if not self.ready:
-            raise NotReady("model is draining" if self._draining else "model is not ready (cold start in progress)")
+            raise NotReady(
+                "model is draining" if self._draining else "model is not ready (cold start in progress)"
+            )
 
     def check(self, texts: Sequence[str], params: SynthesisParams) -> None:
         """Reject bad input before it takes a place in the queue."""
@@ -100,7 +102,9 @@ class TTSService:
         if not texts:
             raise BadRequest("no text given: send at least one item")
         if len(texts) > self.settings.max_batch_items:
-            raise BadRequest(f"{len(texts)} texts in one request; the limit is MAX_BATCH_ITEMS={self.settings.max_batch_items}")
+            raise BadRequest(
+                f"{len(texts)} texts in one request; the limit is MAX_BATCH_ITEMS={self.settings.max_batch_items}"
+            )
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise BadRequest(f"text[{i}] must be a string")
@@ -116,7 +120,9 @@ class TTSService:
         self.require_ready()
         assert self.engine is not None
         if params.seed is not None and not self.engine.supports_seed:
-            raise BadRequest(f"parameter seed needs ENGINE=torch; ENGINE={self.engine.name} cannot seed its noise")
+            raise BadRequest(
+                f"parameter seed needs ENGINE=torch; ENGINE={self.engine.name} cannot seed its noise"
+            )
         if params.voice is not None and params.voice not in self.voices:
             raise BadRequest(f"unknown voice {params.voice!r}; this model serves {self.voices}")
 
@@ -128,9 +134,13 @@ class TTSService:
         self._in_flight += 1
         metrics.IN_FLIGHT.inc()
         try:
-            with tracing.tracer().start_as_current_span("synthesize", attributes={"tts.items": len(texts)}) as span:
+            with tracing.tracer().start_as_current_span(
+                "synthesize", attributes={"tts.items": len(texts)}
+            ) as span:
                 audio, engine_seconds = await self._batcher.submit(list(texts), params)
-                result = SynthesisResult(audio=audio, sample_rate=self.engine.sample_rate, engine_seconds=engine_seconds)
+                result = SynthesisResult(
+                    audio=audio, sample_rate=self.engine.sample_rate, engine_seconds=engine_seconds
+                )
                 span.set_attribute("tts.audio_seconds", result.audio_seconds)
                 span.set_attribute("tts.engine_seconds", engine_seconds)
         finally:

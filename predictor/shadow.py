@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -132,7 +132,9 @@ def fingerprint(audio: np.ndarray, sample_rate: int) -> np.ndarray:
 
 def mel_cepstral_distortion(a: np.ndarray, b: np.ndarray) -> float:
     """Mean MCD in dB between two fingerprints [FRAMES, N_CEPS]; c0 (overall level) is left out."""
-    diff = np.asarray(a, dtype=np.float64)[:, 1:] - np.asarray(b, dtype=np.float64)[:, 1:]  # [FRAMES, N_CEPS-1]
+    diff = (
+        np.asarray(a, dtype=np.float64)[:, 1:] - np.asarray(b, dtype=np.float64)[:, 1:]
+    )  # [FRAMES, N_CEPS-1]
     return float(np.mean(_MCD_DB * np.sqrt(np.sum(diff**2, axis=1))))
 
 
@@ -186,7 +188,13 @@ def capture(texts: Sequence[str], audio: Sequence[np.ndarray], sample_rate: int)
 
 def request_id(incoming: str | None) -> str:
     """The caller's id if it is a sane token (it is copied into logs and records), else a fresh uuid4."""
-    if incoming and len(incoming) <= 200 and incoming.isascii() and incoming.isprintable() and " " not in incoming:
+    if (
+        incoming
+        and len(incoming) <= 200
+        and incoming.isascii()
+        and incoming.isprintable()
+        and " " not in incoming
+    ):
         return incoming
     return str(uuid.uuid4())
 
@@ -206,7 +214,7 @@ class StdoutSink:
 def _batch_key(revision: str) -> str:
     # Time first, so a listing reads in order; a uuid, so two pods (or two batches in one second) of
     # the same revision never overwrite each other.
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     return f"{stamp}-{revision}-{uuid.uuid4().hex[:12]}.jsonl"
 
 
@@ -266,8 +274,17 @@ _STOP = object()
 class Recorder:
     """Turns finished requests into records on one background thread and writes them in batches."""
 
-    def __init__(self, sink: Sink, revision: str, *, batch_records: int, flush_s: float, queue_size: int,
-                 retries: int = 3, backoff_s: float = 0.5):  # fmt: skip
+    def __init__(
+        self,
+        sink: Sink,
+        revision: str,
+        *,
+        batch_records: int,
+        flush_s: float,
+        queue_size: int,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+    ):
         self.revision = revision
         self._sink = sink
         self._batch_records = batch_records
@@ -278,7 +295,9 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="shadow-records", daemon=True)
         self._thread.start()
 
-    def submit(self, request_id: str, route: str, status: int, latency_s: float, capture: Capture | None) -> None:
+    def submit(
+        self, request_id: str, route: str, status: int, latency_s: float, capture: Capture | None
+    ) -> None:
         """Called on the request path: never blocks, drops the record when the queue is full."""
         try:
             self._queue.put_nowait(_Pending(request_id, route, status, latency_s, time.time(), capture))
@@ -290,11 +309,16 @@ class Recorder:
         try:
             self._queue.put(_STOP, timeout=timeout_s)  # waits for room: the thread keeps draining
         except queue.Full:
-            log.error("shadow records: the writer is stuck (sink unresponsive); %d records lost", self._queue.qsize())
+            log.error(
+                "shadow records: the writer is stuck (sink unresponsive); %d records lost",
+                self._queue.qsize(),
+            )
             return
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            log.error("shadow records: the writer did not finish within %.0f s; the tail may be lost", timeout_s)
+            log.error(
+                "shadow records: the writer did not finish within %.0f s; the tail may be lost", timeout_s
+            )
 
     # --- the background thread ---------------------------------------------------------------
     def _run(self) -> None:
@@ -311,7 +335,7 @@ class Recorder:
             if item is not None:
                 try:
                     batch.append(self._record(item))
-                except Exception:  # noqa: BLE001 - a record must never take the writer thread down
+                except Exception:
                     log.exception("shadow record for %s could not be built", item.request_id)
                 if len(batch) == 1:
                     deadline = time.monotonic() + self._flush_s
@@ -321,14 +345,27 @@ class Recorder:
 
     def _record(self, p: _Pending) -> bytes:
         record: dict[str, Any] = {
-            "v": RECORD_VERSION, "id": p.request_id, "revision": self.revision, "route": p.route,
-            "status": p.status, "ts": round(p.ts, 3), "latency_s": round(p.latency_s, 6),
-            "audio_s": None, "sample_rate": None, "items": 0, "text_sha256": None, "mcep": None,
-        }  # fmt: skip
+            "v": RECORD_VERSION,
+            "id": p.request_id,
+            "revision": self.revision,
+            "route": p.route,
+            "status": p.status,
+            "ts": round(p.ts, 3),
+            "latency_s": round(p.latency_s, 6),
+            "audio_s": None,
+            "sample_rate": None,
+            "items": 0,
+            "text_sha256": None,
+            "mcep": None,
+        }
         c = p.capture
         if c is not None and c.texts:
-            record.update(audio_s=round(c.audio_seconds, 4), sample_rate=c.sample_rate, items=len(c.texts),
-                          text_sha256=text_sha256(c.texts))  # fmt: skip
+            record.update(
+                audio_s=round(c.audio_seconds, 4),
+                sample_rate=c.sample_rate,
+                items=len(c.texts),
+                text_sha256=text_sha256(c.texts),
+            )
             if c.audio and c.audio_seconds > 0:
                 mcep = fingerprint(np.concatenate(c.audio), c.sample_rate)  # [FRAMES, N_CEPS]
                 record["mcep"] = np.round(mcep, 3).tolist()
@@ -343,7 +380,7 @@ class Recorder:
                 self._sink.write(body)
                 metrics.SHADOW_RECORDS.labels("written").inc(len(batch))
                 return
-            except Exception as exc:  # noqa: BLE001 - retried, then counted and logged
+            except Exception as exc:
                 if attempt == self._retries:
                     metrics.SHADOW_RECORDS.labels("lost").inc(len(batch))
                     log.error("shadow records: a batch of %d could not be written: %s", len(batch), exc)

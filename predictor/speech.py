@@ -47,7 +47,9 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         try:
             body = SpeechRequest.model_validate_json(await request.body())
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5]
+            )
             raise BadRequest(f"invalid speech request: {problems}") from None
         if body.model not in (settings.model_name, *service.voices):
             raise BadRequest(f"unknown model {body.model!r}; this server serves {settings.model_name!r}")
@@ -62,9 +64,14 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
         pieces = _speech(service, body.input, params, settings, time.monotonic())
         if body.stream:
-            return StreamingResponse(_encoded(pieces, fmt, service.sample_rate), media_type=audio.FORMATS[fmt].media_type)
+            return StreamingResponse(
+                _encoded(pieces, fmt, service.sample_rate), media_type=audio.FORMATS[fmt].media_type
+            )
         whole = [piece async for piece in pieces]
-        return Response(audio.encode(np.concatenate(whole), service.sample_rate, fmt), media_type=audio.FORMATS[fmt].media_type)
+        return Response(
+            audio.encode(np.concatenate(whole), service.sample_rate, fmt),
+            media_type=audio.FORMATS[fmt].media_type,
+        )
 
     return routes
 

@@ -13,8 +13,8 @@ nothing here reads or logs them.
 from __future__ import annotations
 
 import errno
-import hashlib
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -51,8 +51,15 @@ VERIFIED_DIR = ".verified"
 SOURCE = "source.json"  # under VERIFIED_DIR: the URI the artifact in MODEL_DIR was fetched from
 # Unit of streaming: bounds memory per in-flight part and sets the progress granularity.
 _CHUNK = 1024 * 1024
-_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-              "ServiceUnavailable", "RequestLimitExceeded"}
+_THROTTLED = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestLimitExceeded",
+}
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 T = TypeVar("T")
@@ -146,8 +153,13 @@ def fetch(
     if restarted is not None:
         wanted = len(restarted.files_for(engine))
         report = FetchReport(wanted, 0, wanted, 0, time.monotonic() - started)
-        log.info("%s %s from %s is already in %s and verified; nothing to fetch",
-                 restarted.name, restarted.version, uri, model_dir)
+        log.info(
+            "%s %s from %s is already in %s and verified; nothing to fetch",
+            restarted.name,
+            restarted.version,
+            uri,
+            model_dir,
+        )
         return restarted, report
     source = _open_source(uri, concurrency, endpoint_url)
     policy = _RetryPolicy(retries, backoff_s)
@@ -186,8 +198,13 @@ def fetch(
     )
     log.info(
         "fetched %s %s from %s: %d downloaded (%d bytes), %d skipped, %.2fs",
-        manifest.name, manifest.version, uri, report.files_downloaded, report.bytes_downloaded,
-        report.files_skipped, report.seconds,
+        manifest.name,
+        manifest.version,
+        uri,
+        report.files_downloaded,
+        report.bytes_downloaded,
+        report.files_skipped,
+        report.seconds,
     )
     return manifest, report
 
@@ -261,7 +278,9 @@ class _S3Source:
 
     def read_manifest(self) -> bytes:
         with self._translated(MANIFEST):
-            body = self._client.get_object(Bucket=self._bucket, Key=object_key(self._prefix, MANIFEST))["Body"]
+            body = self._client.get_object(Bucket=self._bucket, Key=object_key(self._prefix, MANIFEST))[
+                "Body"
+            ]
             return body.read()  # botocore checks the length against Content-Length
 
     def read_range(self, rel: str, start: int, end: int, size: int) -> Iterator[bytes]:
@@ -295,9 +314,11 @@ class _S3Source:
         """Turn botocore's errors into ours, deciding here which ones are worth a retry."""
         from botocore.exceptions import (
             ClientError,
-            ConnectionError as BotoConnectionError,
             HTTPClientError,
             IncompleteReadError,
+        )
+        from botocore.exceptions import (
+            ConnectionError as BotoConnectionError,
         )
 
         where = self.describe(rel)
@@ -394,8 +415,13 @@ class _Markers:
 
 
 def _marker_fields(sha256: str, st: os.stat_result) -> dict:
-    return {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "ctime_ns": st.st_ctime_ns, "ino": st.st_ino}
+    return {
+        "sha256": sha256,
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "ino": st.st_ino,
+    }
 
 
 def _verified_earlier(uri: str, model_dir: Path, engine: str | None) -> Manifest | None:
@@ -477,7 +503,7 @@ class _Job:
     remaining: int
     started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    hasher: "hashlib._Hash" = field(default_factory=hashlib.sha256)
+    hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
     hashed_to: int = 0  # bytes [0, hashed_to) are in the hash
     completed: dict[int, int] = field(default_factory=dict)  # start -> end of parts not yet hashed
     hash_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -532,8 +558,15 @@ def _ranges(size: int, part_size: int) -> list[tuple[int, int]]:
 
 
 class _Downloader:
-    def __init__(self, source: _Source, markers: _Markers, concurrency: int, part_size: int,
-                 policy: _RetryPolicy, meter: _Meter):
+    def __init__(
+        self,
+        source: _Source,
+        markers: _Markers,
+        concurrency: int,
+        part_size: int,
+        policy: _RetryPolicy,
+        meter: _Meter,
+    ):
         self._source = source
         self._markers = markers
         self._concurrency = concurrency

@@ -250,7 +250,11 @@ def _cut(text: str, start: int, end: int, max_chars: int) -> Iterator[tuple[int,
     Greedy: each piece is the longest prefix ending at the best kind of break within ``max_chars``.
     """
     while end - start > max_chars:
-        cut = _clause_cut(text, start, max_chars) or _space_cut(text, start, max_chars) or _hard_cut(text, start, max_chars)
+        cut = (
+            _clause_cut(text, start, max_chars)
+            or _space_cut(text, start, max_chars)
+            or _hard_cut(text, start, max_chars)
+        )
         yield _strip(text, start, cut)
         start, _ = _strip(text, cut, end)
     if start < end:

@@ -22,7 +22,9 @@ def configure(endpoint: str, service_name: str) -> None:
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     # The SDK's default path for traces; the collector listens there on its HTTP receiver.
     provider.add_span_processor(
-        BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces"), schedule_delay_millis=500)
+        BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces"), schedule_delay_millis=500
+        )
     )
     trace.set_tracer_provider(provider)
 

@@ -148,7 +148,9 @@ class PredictorProcess(Child):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"predictor exited ({self.proc.returncode}) before {what}:\n{self.logs()[-3000:]}")
+                raise AssertionError(
+                    f"predictor exited ({self.proc.returncode}) before {what}:\n{self.logs()[-3000:]}"
+                )
             try:
                 if check():
                     return
@@ -217,7 +219,9 @@ class PrometheusProcess(Child):
     def __init__(self, workdir: Path, targets: list[tuple[str, dict[str, str]]], rule_files: list[Path]):
         binary = shutil.which("prometheus")
         if binary is None:
-            raise RuntimeError("prometheus is not installed: run `make system-packages` (apt-get install prometheus)")
+            raise RuntimeError(
+                "prometheus is not installed: run `make system-packages` (apt-get install prometheus)"
+            )
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {
@@ -226,7 +230,10 @@ class PrometheusProcess(Child):
             "rule_files": [str(p) for p in rule_files],
             # The job name a PodMonitor tts/tts-predictor gives its targets.
             "scrape_configs": [
-                {"job_name": "tts/tts-predictor", "static_configs": [{"targets": [t], "labels": l} for t, l in targets]}
+                {
+                    "job_name": "tts/tts-predictor",
+                    "static_configs": [{"targets": [t], "labels": labels} for t, labels in targets],
+                }
             ],
         }
         config_path = workdir / "prometheus.yml"
@@ -238,7 +245,12 @@ class PrometheusProcess(Child):
             f"--web.listen-address=127.0.0.1:{self.port}",
         ]
         super().__init__("prometheus", argv, dict(os.environ), workdir / "prometheus.log")
-        wait_until(lambda: httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200, 60, "prometheus ready", self)
+        wait_until(
+            lambda: httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200,
+            60,
+            "prometheus ready",
+            self,
+        )
 
     def query(self, expr: str) -> list[dict]:
         """Instant query through the HTTP API; the result vector (raises on a query error)."""

@@ -95,7 +95,9 @@ def _build(path: Path) -> list[_Resource]:
         if target.is_dir():
             resources += _build(target)
         else:
-            resources += [_Resource(copy.deepcopy(doc)) for doc in yaml.safe_load_all(target.read_text()) if doc]
+            resources += [
+                _Resource(copy.deepcopy(doc)) for doc in yaml.safe_load_all(target.read_text()) if doc
+            ]
     for entry in spec.get("components", []):
         component = (path / entry).resolve()
         component_spec = _load_kustomization(component, kind="Component")
@@ -112,7 +114,16 @@ def _build(path: Path) -> list[_Resource]:
     return resources
 
 
-SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "components", "patches", "namespace", "namePrefix", "nameSuffix"}
+SUPPORTED_FIELDS = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "components",
+    "patches",
+    "namespace",
+    "namePrefix",
+    "nameSuffix",
+}
 
 
 def _load_kustomization(path: Path, kind: str = "Kustomization") -> Obj:
@@ -289,7 +300,11 @@ def _reopen_preserved(node: Any) -> None:
 
 def _kubernetes_schema_dir() -> Path:
     major_minor = ".".join(KUBERNETES_VERSION.split(".")[:2])
-    return Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{major_minor}.0-local-strict"
+    return (
+        Path(kubernetes_validate.__file__).parent
+        / "kubernetes-json-schema"
+        / f"v{major_minor}.0-local-strict"
+    )
 
 
 @cache
@@ -332,13 +347,33 @@ _CHECKED_DOMAINS = ("serving.kserve.io/", "autoscaling.knative.dev/", "eventing.
 # external-push's httpScaledObject).
 TRIGGER_METADATA: dict[str, set[str]] = {
     "prometheus": {
-        "serverAddress", "query", "threshold", "activationThreshold", "namespace", "customHeaders",
-        "ignoreNullValues", "unsafeSsl", "queryParameters", "authModes", "timeout",
+        "serverAddress",
+        "query",
+        "threshold",
+        "activationThreshold",
+        "namespace",
+        "customHeaders",
+        "ignoreNullValues",
+        "unsafeSsl",
+        "queryParameters",
+        "authModes",
+        "timeout",
     },
     "kafka": {
-        "bootstrapServers", "consumerGroup", "topic", "lagThreshold", "activationLagThreshold",
-        "offsetResetPolicy", "allowIdleConsumers", "scaleToZeroOnInvalidOffset", "excludePersistentLag",
-        "limitToPartitionsWithLag", "partitionLimitation", "version", "sasl", "tls",
+        "bootstrapServers",
+        "consumerGroup",
+        "topic",
+        "lagThreshold",
+        "activationLagThreshold",
+        "offsetResetPolicy",
+        "allowIdleConsumers",
+        "scaleToZeroOnInvalidOffset",
+        "excludePersistentLag",
+        "limitToPartitionsWithLag",
+        "partitionLimitation",
+        "version",
+        "sasl",
+        "tls",
     },
     "external-push": {"scalerAddress", "tlsCertFile", "caCert", "httpScaledObject"},
 }
@@ -361,7 +396,9 @@ def lint_problems(obj: Obj) -> list[str]:
             problems.append(f"annotation {key} is unknown (typo?)")
     if obj["kind"] == "InferenceService" and not is_serverless(obj):
         # Knative-only knobs are silently ignored in Standard mode: the value someone tuned does nothing.
-        knative_only = [k for k in obj["metadata"].get("annotations", {}) if k.startswith("autoscaling.knative.dev/")]
+        knative_only = [
+            k for k in obj["metadata"].get("annotations", {}) if k.startswith("autoscaling.knative.dev/")
+        ]
         knative_only += [k for k in ("containerConcurrency", "timeout") if k in obj["spec"]["predictor"]]
         problems += [f"{k} has no effect outside Serverless mode" for k in knative_only]
     if obj["kind"] == "ScaledObject":
@@ -407,7 +444,10 @@ class Deployment:
 
     def inference_service_behind(self, service: str) -> Obj | None:
         """The InferenceService whose predictor KServe names `service` (Deployment and Service `<isvc>-predictor`)."""
-        return next((i for i in self.kind("InferenceService") if f"{i['metadata']['name']}-predictor" == service), None)
+        return next(
+            (i for i in self.kind("InferenceService") if f"{i['metadata']['name']}-predictor" == service),
+            None,
+        )
 
 
 def predictor_container(isvc: Obj) -> Obj:
@@ -433,7 +473,9 @@ def promql_expressions(deployment: Deployment) -> dict[str, str]:
     for scaled in deployment.kind("ScaledObject"):
         for trigger in scaled["spec"]["triggers"]:
             if trigger["type"] == "prometheus":
-                found[f"{scaled['metadata']['name']}/{trigger.get('name', 'prometheus')}"] = trigger["metadata"]["query"]
+                found[f"{scaled['metadata']['name']}/{trigger.get('name', 'prometheus')}"] = trigger[
+                    "metadata"
+                ]["query"]
     return found
 
 
@@ -448,7 +490,10 @@ def recorded_names(expr: str) -> set[str]:
 
 
 def is_serverless(isvc: Obj) -> bool:
-    return isvc["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode", "Serverless") == "Serverless"
+    return (
+        isvc["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode", "Serverless")
+        == "Serverless"
+    )
 
 
 def _settings_defaults() -> dict[str, Any]:
@@ -464,7 +509,11 @@ def _settings_problems(env: dict[str, str]) -> list[str]:
 
     known = {name.upper() for name in Settings.model_fields}
     ours = {k.lower(): v for k, v in env.items() if k in known}
-    problems = [f"env {k} is not a predictor setting" for k in env if k not in known and k != "HOME" and not k.startswith("AWS_")]
+    problems = [
+        f"env {k} is not a predictor setting"
+        for k in env
+        if k not in known and k != "HOME" and not k.startswith("AWS_")
+    ]
     try:
         Settings(**ours)
     except ValidationError as exc:
@@ -482,7 +531,9 @@ def consistency_problems(deployment: Deployment) -> list[str]:
         where = describe(isvc)
         predictor = isvc["spec"]["predictor"]
         if "storageUri" in json.dumps(isvc) or "storageUris" in predictor:
-            problems.append(f"{where}: storageUri makes KServe inject its storage-initializer (a second download)")
+            problems.append(
+                f"{where}: storageUri makes KServe inject its storage-initializer (a second download)"
+            )
         container = predictor_container(isvc)
         env = container_env(container)
         problems += [f"{where}: {p}" for p in _settings_problems(env)]
@@ -502,7 +553,11 @@ def consistency_problems(deployment: Deployment) -> list[str]:
             problems.append(f"{where}: readiness on the liveness path sends traffic to cold pods")
         drain = float(env.get("DRAIN_TIMEOUT_S", defaults["drain_timeout_s"]))
         # Knative sets the pod's grace period to the revision timeout.
-        grace = predictor.get("timeout") if is_serverless(isvc) else predictor.get("terminationGracePeriodSeconds", 30)
+        grace = (
+            predictor.get("timeout")
+            if is_serverless(isvc)
+            else predictor.get("terminationGracePeriodSeconds", 30)
+        )
         if grace is None or drain >= grace:
             problems.append(f"{where}: DRAIN_TIMEOUT_S {drain} is not below the grace period {grace}")
         security = container.get("securityContext", {})
@@ -554,7 +609,10 @@ def can_scale_to_zero(deployment: Deployment, service_host: str) -> tuple[bool, 
     if isvc["spec"]["predictor"].get("minReplicas", 1) == 0:
         return True, f"{describe(isvc)} has minReplicas 0"
     for scaled in deployment.kind("ScaledObject"):
-        if scaled["spec"]["scaleTargetRef"]["name"] == service and scaled["spec"].get("minReplicaCount", 0) == 0:
+        if (
+            scaled["spec"]["scaleTargetRef"]["name"] == service
+            and scaled["spec"].get("minReplicaCount", 0) == 0
+        ):
             return True, f"{describe(scaled)} scales it to zero"
     return False, ""
 
@@ -563,7 +621,10 @@ def _mirror_problems(deployment: Deployment) -> list[str]:
     problems = []
     if deployment.kind("VirtualService"):
         # compare joins two record sets; revisions sharing one sink could not be told apart.
-        sinks = {i["metadata"]["name"]: container_env(predictor_container(i)).get("SHADOW_SINK", "") for i in deployment.kind("InferenceService")}
+        sinks = {
+            i["metadata"]["name"]: container_env(predictor_container(i)).get("SHADOW_SINK", "")
+            for i in deployment.kind("InferenceService")
+        }
         if "" in sinks.values() or len(set(sinks.values())) < len(sinks):
             problems.append(f"shadow records: every InferenceService needs its own SHADOW_SINK ({sinks})")
     for vs in deployment.kind("VirtualService"):
@@ -573,8 +634,10 @@ def _mirror_problems(deployment: Deployment) -> list[str]:
                     continue
                 zero, why = can_scale_to_zero(deployment, mirror["host"])
                 if zero:
-                    problems.append(f"{describe(vs)}: mirror target {mirror['host']} can scale to zero ({why}); "
-                                    "a mirrored request never wakes it")
+                    problems.append(
+                        f"{describe(vs)}: mirror target {mirror['host']} can scale to zero ({why}); "
+                        "a mirrored request never wakes it"
+                    )
     return problems
 
 
@@ -587,19 +650,30 @@ def _keda_problems(deployment: Deployment) -> list[str]:
         if isvc is None:
             problems.append(f"{where}: scales {target}, which no InferenceService creates")
         elif isvc["metadata"].get("annotations", {}).get("serving.kserve.io/autoscalerClass") != "external":
-            problems.append(f"{where}: {describe(isvc)} is not autoscalerClass external; KServe's HPA would fight KEDA")
+            problems.append(
+                f"{where}: {describe(isvc)} is not autoscalerClass external; KServe's HPA would fight KEDA"
+            )
         types = {t["type"] for t in scaled["spec"]["triggers"]}
         if scaled["spec"].get("minReplicaCount", 0) == 0 and not types & WAKES_FROM_ZERO:
-            problems.append(f"{where}: minReplicaCount 0 but no trigger whose signal exists at zero pods "
-                            f"({', '.join(sorted(WAKES_FROM_ZERO))}); it would never scale up again")
+            problems.append(
+                f"{where}: minReplicaCount 0 but no trigger whose signal exists at zero pods "
+                f"({', '.join(sorted(WAKES_FROM_ZERO))}); it would never scale up again"
+            )
         for trigger in scaled["spec"]["triggers"]:
             meta = trigger.get("metadata", {})
             if trigger["type"] == "external-push" and "httpScaledObject" in meta:
                 http = deployment.named("HTTPScaledObject", meta["httpScaledObject"])
                 if http is None:
                     problems.append(f"{where}: httpScaledObject {meta['httpScaledObject']!r} is not deployed")
-                elif http["metadata"].get("annotations", {}).get("httpscaledobject.keda.sh/skip-scaledobject-creation") != "true":
-                    problems.append(f"{where}: {describe(http)} would create a second ScaledObject for {target}")
+                elif (
+                    http["metadata"]
+                    .get("annotations", {})
+                    .get("httpscaledobject.keda.sh/skip-scaledobject-creation")
+                    != "true"
+                ):
+                    problems.append(
+                        f"{where}: {describe(http)} would create a second ScaledObject for {target}"
+                    )
                 elif http["spec"]["scaleTargetRef"]["name"] != target:
                     problems.append(f"{where}: {describe(http)} routes to another Deployment")
             if trigger["type"] == "kafka":
@@ -624,7 +698,9 @@ def _kafka_problems(deployment: Deployment, where: str, meta: dict[str, str]) ->
         if t["spec"]["broker"] == broker["metadata"]["name"]
     }
     if meta.get("consumerGroup") not in groups:
-        problems.append(f"{where}: consumerGroup {meta.get('consumerGroup')!r} is no Trigger's group ({sorted(groups)})")
+        problems.append(
+            f"{where}: consumerGroup {meta.get('consumerGroup')!r} is no Trigger's group ({sorted(groups)})"
+        )
     config_ref = broker.get("spec", {}).get("config", {})
     config = deployment.named(config_ref.get("kind", "ConfigMap"), config_ref.get("name", ""))
     if config is None:
@@ -635,7 +711,13 @@ def _kafka_problems(deployment: Deployment, where: str, meta: dict[str, str]) ->
 
 
 def _promql_problems(deployment: Deployment) -> list[str]:
-    recorded = {r["record"] for o in deployment.kind("PrometheusRule") for g in o["spec"]["groups"] for r in g["rules"] if "record" in r}
+    recorded = {
+        r["record"]
+        for o in deployment.kind("PrometheusRule")
+        for g in o["spec"]["groups"]
+        for r in g["rules"]
+        if "record" in r
+    }
     problems = []
     for name, expr in promql_expressions(deployment).items():
         for used in sorted(recorded_names(expr) - recorded):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 import wave
 
@@ -34,7 +35,7 @@ CUTS = [0, 5000, 5001, 20000, 40000, len(SIGNAL)]
 
 def _stream(fmt: str, x: np.ndarray = SIGNAL, cuts: list[int] = CUTS) -> tuple[bytes, audio.StreamEncoder]:
     enc = audio.StreamEncoder(fmt, RATE)
-    parts = [enc.header()] + [enc.encode_chunk(x[a:b]) for a, b in zip(cuts, cuts[1:])] + [enc.finish()]
+    parts = [enc.header()] + [enc.encode_chunk(x[a:b]) for a, b in itertools.pairwise(cuts)] + [enc.finish()]
     return b"".join(parts), enc
 
 
@@ -128,7 +129,7 @@ def test_streaming_sends_audio_as_it_arrives():
     for fmt in SUPPORTED:
         enc = audio.StreamEncoder(fmt, RATE)
         enc.header()
-        sizes = [len(enc.encode_chunk(x[a:b])) for a, b in zip(cuts, cuts[1:])]
+        sizes = [len(enc.encode_chunk(x[a:b])) for a, b in itertools.pairwise(cuts)]
         enc.close()
         assert all(s > 0 for s in sizes[1:]), (fmt, sizes)
 
@@ -206,7 +207,7 @@ def test_resampler_is_accurate_and_chunking_does_not_change_it():
     assert snr > 80
     r = audio.Resampler(RATE, 24000)
     cuts = [0, 1, 30, 4000, 4001, len(x)]
-    pieces = [r.process(x[a:b]) for a, b in zip(cuts, cuts[1:])] + [r.flush()]
+    pieces = [r.process(x[a:b]) for a, b in itertools.pairwise(cuts)] + [r.flush()]
     np.testing.assert_array_equal(np.concatenate(pieces), y)
 
 

@@ -8,9 +8,8 @@ import struct
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
-from tritonclient.utils import InferenceServerException
-
 from conftest import v2_request
+from tritonclient.utils import InferenceServerException
 
 GOOD = v2_request("Still serving.")
 
@@ -19,20 +18,44 @@ def binary_v2_body(payload: bytes) -> tuple[bytes, dict[str, str]]:
     """A v2 request using the binary tensor extension: one BYTES element, length-prefixed."""
     tensor = struct.pack("<I", len(payload)) + payload
     header = json.dumps(
-        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": len(tensor)}}]}
+        {
+            "inputs": [
+                {
+                    "name": "text",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": len(tensor)},
+                }
+            ]
+        }
     ).encode()
-    return header + tensor, {"Inference-Header-Content-Length": str(len(header)), "content-type": "application/octet-stream"}
+    return header + tensor, {
+        "Inference-Header-Content-Length": str(len(header)),
+        "content-type": "application/octet-stream",
+    }
 
 
 V2_CASES = {
     "empty text": (v2_request(""), "empty"),
     "whitespace only": (v2_request("   \n\t "), "empty"),
     "text over MAX_TEXT_CHARS": (v2_request("a" * 2001), "MAX_TEXT_CHARS"),
-    "wrong datatype": ({"inputs": [{"name": "text", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, "BYTES"),
-    "wrong shape": ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": ["hi"]}]}, "shape"),
-    "shape disagrees with data": ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["hi"]}]}, "shape"),
+    "wrong datatype": (
+        {"inputs": [{"name": "text", "datatype": "FP32", "shape": [1], "data": [1.0]}]},
+        "BYTES",
+    ),
+    "wrong shape": (
+        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], "data": ["hi"]}]},
+        "shape",
+    ),
+    "shape disagrees with data": (
+        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["hi"]}]},
+        "shape",
+    ),
     "zero items": ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [0], "data": []}]}, "N >= 1"),
-    "wrong input name": ({"inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}, "'text'"),
+    "wrong input name": (
+        {"inputs": [{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]},
+        "'text'",
+    ),
     "unknown parameter": (v2_request("Hello.", temperature=0.5), "temperature"),
     "length_scale out of range": (v2_request("Hello.", length_scale=50), "length_scale"),
     "noise_scale not a number": (v2_request("Hello.", noise_scale="loud"), "noise_scale"),
@@ -44,7 +67,7 @@ V2_CASES = {
 }
 
 
-@pytest.mark.parametrize("body, reason", V2_CASES.values(), ids=V2_CASES.keys())
+@pytest.mark.parametrize(("body", "reason"), V2_CASES.values(), ids=V2_CASES.keys())
 def test_v2_bad_input_gets_400_with_reason(predictor, body, reason):
     response = predictor.post("/v2/models/tts/infer", json=body)
 
@@ -63,7 +86,9 @@ def test_invalid_utf8_in_binary_tensor_gets_400(predictor):
 
 
 def test_malformed_json_gets_400(predictor):
-    response = predictor.post("/v2/models/tts/infer", content=b'{"inputs": [', headers={"content-type": "application/json"})
+    response = predictor.post(
+        "/v2/models/tts/infer", content=b'{"inputs": [', headers={"content-type": "application/json"}
+    )
 
     assert response.status_code == 400
 
@@ -83,7 +108,7 @@ V1_CASES = {
 }
 
 
-@pytest.mark.parametrize("body, reason", V1_CASES.values(), ids=V1_CASES.keys())
+@pytest.mark.parametrize(("body", "reason"), V1_CASES.values(), ids=V1_CASES.keys())
 def test_v1_bad_input_gets_400_with_reason(predictor, body, reason):
     response = predictor.post("/v1/models/tts:predict", json=body)
 
@@ -95,14 +120,22 @@ EVENT = {"ce-specversion": "1.0", "ce-source": "/tests", "ce-id": "bad-1", "cont
 CE_CASES = {
     "missing type": ({**EVENT}, {"text": "hi"}, "CloudEvent"),
     "unsupported type": ({**EVENT, "ce-type": "com.example.other"}, {"text": "hi"}, "unsupported event type"),
-    "our own reply type": ({**EVENT, "ce-type": "dev.tts-predictor.synthesized.v1"}, {"text": "hi"}, "unsupported event type"),
+    "our own reply type": (
+        {**EVENT, "ce-type": "dev.tts-predictor.synthesized.v1"},
+        {"text": "hi"},
+        "unsupported event type",
+    ),
     "data without text": ({**EVENT, "ce-type": "dev.tts-predictor.synthesize.v1"}, {"words": "hi"}, "text"),
     "empty text": ({**EVENT, "ce-type": "dev.tts-predictor.synthesize.v1"}, {"text": ""}, "empty"),
-    "unknown field": ({**EVENT, "ce-type": "dev.tts-predictor.synthesize.v1"}, {"text": "hi", "pitch": 3}, "pitch"),
+    "unknown field": (
+        {**EVENT, "ce-type": "dev.tts-predictor.synthesize.v1"},
+        {"text": "hi", "pitch": 3},
+        "pitch",
+    ),
 }
 
 
-@pytest.mark.parametrize("headers, data, reason", CE_CASES.values(), ids=CE_CASES.keys())
+@pytest.mark.parametrize(("headers", "data", "reason"), CE_CASES.values(), ids=CE_CASES.keys())
 def test_malformed_cloudevent_gets_400(predictor, headers, data, reason):
     response = predictor.post("/v1/models/tts:predict", headers=headers, content=json.dumps(data))
 
@@ -112,7 +145,9 @@ def test_malformed_cloudevent_gets_400(predictor, headers, data, reason):
 
 def test_structured_cloudevent_that_is_not_json_gets_400(predictor):
     response = predictor.post(
-        "/v1/models/tts:predict", headers={"content-type": "application/cloudevents+json"}, content=b"{not json"
+        "/v1/models/tts:predict",
+        headers={"content-type": "application/cloudevents+json"},
+        content=b"{not json",
     )
 
     assert response.status_code == 400

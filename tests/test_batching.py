@@ -8,9 +8,8 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
-from tritonclient.utils import InferenceServerException
-
 from conftest import v2_request
+from tritonclient.utils import InferenceServerException
 
 LONG = " ".join(["Every request either gets a place in the queue or an answer at once."] * 6)
 QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
@@ -47,7 +46,7 @@ def test_concurrent_requests_share_a_batch_and_match_alone(start_predictor):
     assert all(r.status_code == 200 for r in together)
     engine_calls = predictor.metric("tts_batch_size_count") - batches_before
     assert engine_calls < len(texts), "no two requests shared an engine call"
-    for response, reference in zip(together, alone):
+    for response, reference in zip(together, alone, strict=False):
         np.testing.assert_allclose(audio_of(response), reference, atol=5e-4)
 
 
@@ -55,7 +54,10 @@ def test_full_queue_refuses_at_once_with_retry_after_and_recovers(start_predicto
     predictor = start_predictor(MAX_QUEUE="1")
 
     outcome: dict[str, list] = {}
-    load = lambda: outcome.setdefault("results", concurrently(predictor, [v2_request(LONG)] * 4, stagger_s=0.05))  # noqa: E731
+
+    def load():
+        return outcome.setdefault("results", concurrently(predictor, [v2_request(LONG)] * 4, stagger_s=0.05))
+
     loader = threading.Thread(target=load)
     loader.start()
     latencies = []
@@ -79,8 +81,12 @@ def test_full_queue_refuses_at_once_with_retry_after_and_recovers(start_predicto
 
 def test_grpc_overload_is_unavailable(start_predictor):
     predictor = start_predictor(MAX_QUEUE="1")
-    blockers = [threading.Thread(target=predictor.post, args=("/v2/models/tts/infer",), kwargs={"json": v2_request(LONG)})
-                for _ in range(2)]  # fmt: skip
+    blockers = [
+        threading.Thread(
+            target=predictor.post, args=("/v2/models/tts/infer",), kwargs={"json": v2_request(LONG)}
+        )
+        for _ in range(2)
+    ]
     for t in blockers:
         t.start()
         time.sleep(0.05)
@@ -101,7 +107,9 @@ def test_grpc_overload_is_unavailable(start_predictor):
 def test_requests_queued_past_the_timeout_are_dropped(start_predictor):
     predictor = start_predictor(REQUEST_TIMEOUT_S="0.5")
 
-    results = concurrently(predictor, [v2_request(LONG), v2_request("Waiting."), v2_request("Also waiting.")], stagger_s=0.05)
+    results = concurrently(
+        predictor, [v2_request(LONG), v2_request("Waiting."), v2_request("Also waiting.")], stagger_s=0.05
+    )
 
     assert results[0].status_code == 200
     dropped = [r for r in results[1:] if r.status_code == 503]

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import soundfile
-
 from conftest import aws_env_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,8 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "predictor", *args],
-        env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_publish_then_fetch_round_trip(s3_server, tmp_path):
@@ -61,8 +63,19 @@ def test_fetch_of_missing_artifact_fails_with_reason(s3_server, tmp_path):
 def test_synth_writes_speech_to_a_wav_file(voice_dir, tmp_path):
     out = tmp_path / "hello.wav"
 
-    run = cli("synth", "--model-dir", str(voice_dir), "--noise-scale", "0", "--noise-w", "0",
-              "--text", "Hello from the command line.", "--out", str(out))  # fmt: skip
+    run = cli(
+        "synth",
+        "--model-dir",
+        str(voice_dir),
+        "--noise-scale",
+        "0",
+        "--noise-w",
+        "0",
+        "--text",
+        "Hello from the command line.",
+        "--out",
+        str(out),
+    )
 
     assert run.returncode == 0, run.stderr
     audio, rate = soundfile.read(out, dtype="float32")
@@ -96,8 +109,9 @@ def test_readme_documents_every_setting():
 
 
 def test_readme_documents_every_metric():
-    import predictor.metrics as metrics
     from prometheus_client.metrics import MetricWrapperBase
+
+    import predictor.metrics as metrics
 
     readme = (ROOT / "README.md").read_text()
     names = [m._name for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]

@@ -43,7 +43,7 @@ def test_quota_above_the_affinity_mask_is_capped(tmp_path):
     assert container_cpus(tmp_path) == HOST
 
 
-@pytest.mark.parametrize("value, expected", [("0", None), ("3", 3)])
+@pytest.mark.parametrize(("value", "expected"), [("0", None), ("3", 3)])
 def test_cpu_threads_setting_overrides_the_quota(value, expected, monkeypatch):
     monkeypatch.setenv("CPU_THREADS", value)
 

@@ -22,7 +22,11 @@ from predictor.engine.onnx import OnnxEngine
 from predictor.errors import BadRequest, EngineError
 
 QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
-TEXTS = ["Hi.", "The quick brown fox jumps over the lazy dog. Then it sleeps!", "Call 555-0100, ext. 42; ask for Dr. Smith."]
+TEXTS = [
+    "Hi.",
+    "The quick brown fox jumps over the lazy dog. Then it sleeps!",
+    "Call 555-0100, ext. 42; ask for Dr. Smith.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def test_torch_engine_matches_onnxruntime_without_noise(engines):
     ours = torch_engine.synthesize(TEXTS, QUIET)
     reference = onnx_engine.synthesize(TEXTS, QUIET)
 
-    for a, b in zip(ours, reference):
+    for a, b in zip(ours, reference, strict=False):
         assert a.shape == b.shape  # same ceiled durations, so the same length
         assert np.abs(a - b).max() <= 1e-3
 
@@ -56,7 +60,7 @@ def test_texts_batched_together_equal_each_alone(engines, monkeypatch, per_batch
     together = torch_engine.synthesize(TEXTS, QUIET)
     alone = [torch_engine.synthesize([t], QUIET)[0] for t in TEXTS]
 
-    for a, b in zip(together, alone):
+    for a, b in zip(together, alone, strict=False):
         assert a.shape == b.shape and np.abs(a - b).max() <= 5e-4
 
 
@@ -70,7 +74,7 @@ def test_seeded_audio_does_not_depend_on_batching(engines, monkeypatch):
 
     batched = torch_engine.synthesize(TEXTS, seeded)
 
-    for a, b in zip(one_by_one, batched):
+    for a, b in zip(one_by_one, batched, strict=False):
         assert a.shape == b.shape and np.abs(a - b).max() <= 5e-4
 
 
@@ -111,10 +115,28 @@ def test_cli_synth_files_match_across_engines(voice_dir, tmp_path):
     for engine in ("torch", "onnx"):
         outs[engine] = tmp_path / f"{engine}.wav"
         run = subprocess.run(
-            [sys.executable, "-m", "predictor", "synth", "--engine", engine, "--model-dir", str(voice_dir),
-             "--noise-scale", "0", "--noise-w", "0", "--text", TEXTS[1], "--out", str(outs[engine])],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "predictor",
+                "synth",
+                "--engine",
+                engine,
+                "--model-dir",
+                str(voice_dir),
+                "--noise-scale",
+                "0",
+                "--noise-w",
+                "0",
+                "--text",
+                TEXTS[1],
+                "--out",
+                str(outs[engine]),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
 
     a, rate_a = soundfile.read(outs["torch"], dtype="float32")
@@ -187,8 +209,12 @@ def test_no_memory_cap_unless_asked(two_fake_gpus):
 
 
 @pytest.mark.parametrize(
-    "overrides, variable",
-    [({"dtype": "fp64"}, "DTYPE"), ({"gpu_memory_fraction": 1.5}, "GPU_MEMORY_FRACTION"), ({"engine": "tensorrt"}, "ENGINE")],
+    ("overrides", "variable"),
+    [
+        ({"dtype": "fp64"}, "DTYPE"),
+        ({"gpu_memory_fraction": 1.5}, "GPU_MEMORY_FRACTION"),
+        ({"engine": "tensorrt"}, "ENGINE"),
+    ],
 )
 def test_invalid_engine_settings_name_the_variable(overrides, variable):
     with pytest.raises(ConfigError, match=variable):
@@ -210,5 +236,5 @@ def test_cuda_engine_matches_cpu(voice_dir, engines):
     a = cuda_engine.synthesize(TEXTS, QUIET)
     b = engines[0].synthesize(TEXTS, QUIET)
 
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         assert x.shape == y.shape and np.abs(x - y).max() <= 1e-3

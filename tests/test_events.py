@@ -23,8 +23,8 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
-
 from conftest import aws_env_for, v2_request
+
 from predictor.config import Settings
 from predictor.errors import OutputError
 from predictor.outputs import EncodedAudio, OutputStore, event_key, parse_output_uri
@@ -76,7 +76,9 @@ def send_structured(predictor, event_id: str, data: dict) -> httpx.Response:
         "data": data,
     }
     return predictor.post(
-        "/v1/models/tts:predict", headers={"content-type": "application/cloudevents+json"}, content=json.dumps(event)
+        "/v1/models/tts:predict",
+        headers={"content-type": "application/cloudevents+json"},
+        content=json.dumps(event),
     )
 
 
@@ -118,7 +120,9 @@ def test_binary_event_output_lands_in_s3_with_the_replied_sha256(predictor, s3):
 def test_structured_event_output_in_flac_lands_with_its_media_type(predictor, s3):
     output = fresh_output("flac")
 
-    response = send_structured(predictor, "out-structured-1", {"text": SENTENCE, "output": output, "format": "flac"})
+    response = send_structured(
+        predictor, "out-structured-1", {"text": SENTENCE, "output": output, "format": "flac"}
+    )
 
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("application/cloudevents+json")
@@ -180,7 +184,9 @@ def test_redelivery_with_other_data_replies_from_the_first_completion(predictor,
     first = send_binary(predictor, "reused-id-1", {"text": SENTENCE, "output": output, **QUIET})
     syntheses_before = syntheses(predictor)
 
-    again = send_binary(predictor, "reused-id-1", {"text": "Something else entirely.", "output": output, **QUIET})
+    again = send_binary(
+        predictor, "reused-id-1", {"text": "Something else entirely.", "output": output, **QUIET}
+    )
 
     assert again.status_code == 200 and again.json() == first.json()
     assert syntheses(predictor) == syntheses_before
@@ -239,11 +245,24 @@ def test_redelivery_after_restart_writes_no_second_object(start_predictor, s3):
         (REQUEST_TYPE, {"text": SENTENCE, "output": f"s3://{BUCKET}/jobs/"}, "s3://bucket/key"),
         (REQUEST_TYPE, {"text": SENTENCE, "output": f"s3://{BUCKET}/jobs/.tts-events/x.json"}, ".tts-events"),
         (REQUEST_TYPE, {"text": SENTENCE, "format": "aiff"}, "data.format 'aiff' is not supported"),
-        (REQUEST_TYPE, {"text": SENTENCE, "output": "s3://no-such-bucket-for-events/a.wav"}, "does not exist"),
+        (
+            REQUEST_TYPE,
+            {"text": SENTENCE, "output": "s3://no-such-bucket-for-events/a.wav"},
+            "does not exist",
+        ),
         (REQUEST_TYPE, {"text": SENTENCE, "speed": 2}, "unknown parameter 'speed'"),
     ],
-    ids=["bad-type", "missing-text", "blank-text", "http-output", "no-key", "record-dir", "unknown-format",
-         "missing-bucket", "unknown-parameter"],
+    ids=[
+        "bad-type",
+        "missing-text",
+        "blank-text",
+        "http-output",
+        "no-key",
+        "record-dir",
+        "unknown-format",
+        "missing-bucket",
+        "unknown-parameter",
+    ],
 )
 def test_invalid_event_is_refused_with_400(predictor, s3, event_type, data, says):
     response = send_binary(predictor, f"invalid-{uuid.uuid4().hex}", data, event_type=event_type)
@@ -288,13 +307,17 @@ def test_inline_audio_over_the_limit_is_refused_with_413_naming_output(isolated_
     response = send_binary(isolated_predictor, "too-big-1", {"text": SENTENCE})
 
     assert response.status_code == 413, response.text
-    assert "CE_INLINE_MAX_BYTES=20000" in response.json()["error"] and "data.output" in response.json()["error"]
+    assert (
+        "CE_INLINE_MAX_BYTES=20000" in response.json()["error"] and "data.output" in response.json()["error"]
+    )
 
 
 # --- the output store on its own, against moto and a failing endpoint ------------------------
 def _audio(size: int) -> EncodedAudio:
     data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
-    return EncodedAudio(data=data, format="pcm", media_type="audio/pcm", sample_rate=22050, audio_seconds=size / 44100)
+    return EncodedAudio(
+        data=data, format="pcm", media_type="audio/pcm", sample_rate=22050, audio_seconds=size / 44100
+    )
 
 
 async def _produce_once(audio: EncodedAudio, calls: list[int]) -> EncodedAudio:
@@ -351,10 +374,16 @@ def test_storage_5xx_is_a_502_the_broker_retries_and_nothing_is_synthesized(fail
     calls: list[int] = []
 
     with pytest.raises(OutputError) as raised:
-        asyncio.run(store.complete(parse_output_uri("s3://b/k.wav"), "k" * 64, "d", lambda: _produce_once(_audio(10), calls)))
+        asyncio.run(
+            store.complete(
+                parse_output_uri("s3://b/k.wav"), "k" * 64, "d", lambda: _produce_once(_audio(10), calls)
+            )
+        )
 
     assert raised.value.http_status == 502 and "InternalError" in raised.value.message
-    assert calls == []  # the record lookup failed first: no engine time spent on an event that will be retried
+    assert (
+        calls == []
+    )  # the record lookup failed first: no engine time spent on an event that will be retried
 
 
 def test_two_replicas_racing_on_one_event_write_one_object(s3_env, s3):

@@ -13,10 +13,11 @@ import boto3
 import httpx
 import pytest
 import tritonclient.grpc as triton_grpc
-
 from conftest import SECRET, aws_env_for, v2_request
 
-LONG_TEXT = " ".join(["The weights arrive, the engine warms up, and only then do we say that we are ready."] * 7)
+LONG_TEXT = " ".join(
+    ["The weights arrive, the engine warms up, and only then do we say that we are ready."] * 7
+)
 READINESS_PATHS = ("/v2/models/tts/ready", "/v1/models/tts", "/v2/health/ready")
 
 
@@ -39,10 +40,14 @@ def test_not_ready_until_warm_while_liveness_answers(start_predictor):
     infer = predictor.post("/v2/models/tts/infer", json=v2_request("Too early."))
     live = [predictor.get("/v2/health/live") for _ in range(10)]
     grpc_client = triton_grpc.InferenceServerClient(predictor.grpc)
-    grpc_ready = (grpc_client.is_server_ready(), grpc_client.is_model_ready("tts"), grpc_client.is_server_live())
+    grpc_ready = (
+        grpc_client.is_server_ready(),
+        grpc_client.is_model_ready("tts"),
+        grpc_client.is_server_live(),
+    )
 
     assert "model ready" not in predictor.logs(), "warm-up finished before the checks; lengthen LONG_TEXT"
-    assert codes == {path: 503 for path in READINESS_PATHS}
+    assert codes == dict.fromkeys(READINESS_PATHS, 503)
     assert infer.status_code == 503 and "not ready" in infer.json()["error"]
     assert all(r.status_code == 200 for r in live)
     assert grpc_ready == (False, False, True)
@@ -98,7 +103,9 @@ def test_corrupted_object_keeps_model_not_ready(start_predictor, s3_server, voic
     assert "sha256" in logs
     assert predictor.get("/v2/models/tts/ready").status_code == 503
     assert predictor.get("/v2/health/live").status_code == 200
-    assert not os.path.exists(os.path.join(predictor.env["MODEL_DIR"], "model.safetensors")), "a corrupt file landed"
+    assert not os.path.exists(os.path.join(predictor.env["MODEL_DIR"], "model.safetensors")), (
+        "a corrupt file landed"
+    )
 
 
 def test_missing_artifact_keeps_model_not_ready(start_predictor):
@@ -120,12 +127,15 @@ def test_cuda_device_without_gpu_fails_at_start(start_predictor):
 
 
 @pytest.mark.parametrize(
-    "variable, value", [("HTTP_PORT", "eighty"), ("FETCH_CONCURRENCY", "0"), ("DEVICE", "tpu"), ("LOG_LEVEL", "LOUD")]
+    ("variable", "value"),
+    [("HTTP_PORT", "eighty"), ("FETCH_CONCURRENCY", "0"), ("DEVICE", "tpu"), ("LOG_LEVEL", "LOUD")],
 )
 def test_invalid_setting_fails_naming_the_variable(variable, value):
     env = {**os.environ, variable: value}
 
-    run = subprocess.run([sys.executable, "-m", "predictor", "serve"], env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [sys.executable, "-m", "predictor", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
 
     assert run.returncode == 2
     assert variable in run.stderr
@@ -179,4 +189,3 @@ def _boto_args(endpoint: str) -> dict:
         "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
         "region_name": env["AWS_DEFAULT_REGION"],
     }
-

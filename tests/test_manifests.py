@@ -7,13 +7,14 @@ import json
 import shutil
 from collections.abc import Callable
 
+import manifests
 import pytest
+from manifests import OVERLAYS, Deployment, predictor_container, probes
 from prometheus_client.parser import text_string_to_metric_families
 
-import manifests
-from manifests import OVERLAYS, Deployment, predictor_container, probes
-
-LONG_TEXT = " ".join(["The weights arrive, the engine warms up, and only then do we say that we are ready."] * 7)
+LONG_TEXT = " ".join(
+    ["The weights arrive, the engine warms up, and only then do we say that we are ready."] * 7
+)
 
 
 def _key(obj: dict) -> tuple[str, str, str]:
@@ -22,7 +23,9 @@ def _key(obj: dict) -> tuple[str, str, str]:
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict]]:
-    assert manifests.schema_dir().is_dir(), f"CRD schemas not found at {manifests.schema_dir()} (set SCHEMA_DIR)"
+    assert manifests.schema_dir().is_dir(), (
+        f"CRD schemas not found at {manifests.schema_dir()} (set SCHEMA_DIR)"
+    )
     return manifests.render_all()
 
 
@@ -47,7 +50,12 @@ def test_fallback_renderer_matches_kubectl(overlay):
 def test_make_manifests_writes_one_file_per_overlay(tmp_path):
     written = manifests.write_rendered(tmp_path)
 
-    assert sorted(p.name for p in written) == ["keda-cpu.yaml", "keda-gpu.yaml", "knative-cpu.yaml", "knative-gpu.yaml"]
+    assert sorted(p.name for p in written) == [
+        "keda-cpu.yaml",
+        "keda-gpu.yaml",
+        "knative-cpu.yaml",
+        "knative-gpu.yaml",
+    ]
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -58,7 +66,9 @@ def test_both_flavours_start_from_zero(rendered):
     assert knative.named("InferenceService", "tts")["spec"]["predictor"]["minReplicas"] == 0
     assert keda.named("ScaledObject", "tts-predictor")["spec"]["minReplicaCount"] == 0
     assert {t["type"] for t in keda.named("ScaledObject", "tts-predictor")["spec"]["triggers"]} == {
-        "prometheus", "external-push", "kafka"
+        "prometheus",
+        "external-push",
+        "kafka",
     }
 
 
@@ -84,6 +94,7 @@ def _kind(kind: str) -> Callable[[list[dict]], dict]:
 def _set(path: str, value) -> Callable[[dict], None]:
     def apply(obj: dict) -> None:
         manifests.json_patch(obj, {"op": "add", "path": path, "value": value})
+
     return apply
 
 
@@ -92,61 +103,191 @@ def _remove(path: str) -> Callable[[dict], None]:
 
 
 MUTATIONS = [
-    ("spec field typo", "keda/overlays/cpu", _isvc, _set("/spec/predictor/minReplica", 0), "'minReplica' was unexpected"),
+    (
+        "spec field typo",
+        "keda/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/minReplica", 0),
+        "'minReplica' was unexpected",
+    ),
     ("root typo", "knative/overlays/cpu", _isvc, _set("/specs", {}), "'specs' was unexpected"),
-    ("metadata typo", "knative/overlays/cpu", _isvc, _set("/metadata/anotations", {}), "'anotations' was unexpected"),
-    ("annotation typo", "knative/overlays/cpu", _isvc,
-     _set("/metadata/annotations/autoscaling.knative.dev~1scale-down-dealy", "1m"), "scale-down-dealy is unknown"),
-    ("annotation value", "knative/overlays/cpu", _isvc,
-     _set("/metadata/annotations/serving.kserve.io~1deploymentMode", "Raw"), "is not one of"),
-    ("core kind typo", "keda/overlays/cpu", _kind("PodDisruptionBudget"), _set("/spec/maxUnavailabel", 1),
-     "'maxUnavailabel' was unexpected"),
-    ("KEDA metadata typo", "keda/overlays/cpu", _kind("ScaledObject"),
-     _set("/spec/triggers/0/metadata/treshold", "4"), "unknown metadata key 'treshold'"),
-    ("KEDA unquoted number", "keda/overlays/cpu", _kind("ScaledObject"),
-     _set("/spec/triggers/0/metadata/threshold", 4), "is not of type 'string'"),
-    ("trap: no trigger wakes it from zero", "keda/overlays/cpu", _kind("ScaledObject"),
-     lambda o: o["spec"].update(triggers=o["spec"]["triggers"][:1]), "never scale up again"),
-    ("trap: mirror into scale-to-zero", "knative/overlays/cpu", _kind("VirtualService"),
-     _set("/spec/http/0/mirror/host", "tts-predictor.tts.svc.cluster.local"), "can scale to zero"),
-    ("both mirror and mirrors", "knative/overlays/cpu", _kind("VirtualService"),
-     _set("/spec/http/0/mirrors", [{"destination": {"host": "tts-canary-predictor"}}]), "both mirror and mirrors"),
-    ("storage-initializer", "knative/overlays/cpu", _isvc, _set("/spec/predictor/storageUri", "s3://voices/x"),
-     "storage-initializer"),
-    ("MODEL_DIR not the emptyDir", "knative/overlays/cpu", _isvc,
-     _set("/spec/predictor/containers/0/env/1/value", "/models"), "is not the mountPath of an emptyDir"),
-    ("drain outlasts the grace period", "keda/overlays/cpu", _isvc,
-     _set("/spec/predictor/terminationGracePeriodSeconds", 30), "is not below the grace period"),
-    ("invalid setting", "knative/overlays/cpu", _isvc,
-     _set("/spec/predictor/containers/0/env/-", {"name": "ENGINE", "value": "tensorrt"}), "env ENGINE"),
-    ("unknown setting", "knative/overlays/cpu", _isvc,
-     _set("/spec/predictor/containers/0/env/-", {"name": "MAX_QUEUE_SIZE", "value": "8"}), "not a predictor setting"),
-    ("probe on an undeclared port", "knative/overlays/cpu", _isvc,
-     _set("/spec/predictor/containers/0/readinessProbe/httpGet/port", 9000), "is not a container port"),
-    ("writable root filesystem", "knative/overlays/cpu", _isvc,
-     _set("/spec/predictor/containers/0/securityContext/readOnlyRootFilesystem", False), "readOnlyRootFilesystem"),
-    ("trigger on the wrong type", "knative/overlays/cpu", _kind("Trigger"),
-     _set("/spec/filter/attributes/type", "dev.tts-predictor.synthesize.v2"), "the predictor accepts"),
-    ("trigger on the reply type", "knative/overlays/cpu", _kind("Trigger"),
-     _set("/spec/filter/attributes/type", "dev.tts-predictor.synthesized.v1"), "loop back forever"),
-    ("no dead-letter sink", "knative/overlays/cpu", _kind("Trigger"), _remove("/spec/delivery/deadLetterSink"),
-     "no deadLetterSink"),
-    ("kafka consumer group", "keda/overlays/cpu", _kind("ScaledObject"),
-     _set("/spec/triggers/2/metadata/consumerGroup", "tts"), "is no Trigger's group"),
-    ("HTTP add-on's own ScaledObject", "keda/overlays/cpu", _kind("HTTPScaledObject"),
-     _set("/metadata/annotations", {}), "second ScaledObject"),
-    ("Knative knob in Standard mode", "keda/overlays/cpu", _isvc,
-     _set("/metadata/annotations/autoscaling.knative.dev~1target", "4"), "no effect outside Serverless"),
-    ("canary shares the stable's shadow sink", "keda/overlays/cpu",
-     lambda d: next(o for o in d if o["kind"] == "InferenceService" and o["metadata"]["name"] == "tts-canary"),
-     _set("/spec/predictor/containers/0/env/4/value", "s3://tts-shadow/stable"), "its own SHADOW_SINK"),
+    (
+        "metadata typo",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/metadata/anotations", {}),
+        "'anotations' was unexpected",
+    ),
+    (
+        "annotation typo",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/metadata/annotations/autoscaling.knative.dev~1scale-down-dealy", "1m"),
+        "scale-down-dealy is unknown",
+    ),
+    (
+        "annotation value",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/metadata/annotations/serving.kserve.io~1deploymentMode", "Raw"),
+        "is not one of",
+    ),
+    (
+        "core kind typo",
+        "keda/overlays/cpu",
+        _kind("PodDisruptionBudget"),
+        _set("/spec/maxUnavailabel", 1),
+        "'maxUnavailabel' was unexpected",
+    ),
+    (
+        "KEDA metadata typo",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        _set("/spec/triggers/0/metadata/treshold", "4"),
+        "unknown metadata key 'treshold'",
+    ),
+    (
+        "KEDA unquoted number",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        _set("/spec/triggers/0/metadata/threshold", 4),
+        "is not of type 'string'",
+    ),
+    (
+        "trap: no trigger wakes it from zero",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        lambda o: o["spec"].update(triggers=o["spec"]["triggers"][:1]),
+        "never scale up again",
+    ),
+    (
+        "trap: mirror into scale-to-zero",
+        "knative/overlays/cpu",
+        _kind("VirtualService"),
+        _set("/spec/http/0/mirror/host", "tts-predictor.tts.svc.cluster.local"),
+        "can scale to zero",
+    ),
+    (
+        "both mirror and mirrors",
+        "knative/overlays/cpu",
+        _kind("VirtualService"),
+        _set("/spec/http/0/mirrors", [{"destination": {"host": "tts-canary-predictor"}}]),
+        "both mirror and mirrors",
+    ),
+    (
+        "storage-initializer",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/storageUri", "s3://voices/x"),
+        "storage-initializer",
+    ),
+    (
+        "MODEL_DIR not the emptyDir",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/containers/0/env/1/value", "/models"),
+        "is not the mountPath of an emptyDir",
+    ),
+    (
+        "drain outlasts the grace period",
+        "keda/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/terminationGracePeriodSeconds", 30),
+        "is not below the grace period",
+    ),
+    (
+        "invalid setting",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/containers/0/env/-", {"name": "ENGINE", "value": "tensorrt"}),
+        "env ENGINE",
+    ),
+    (
+        "unknown setting",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/containers/0/env/-", {"name": "MAX_QUEUE_SIZE", "value": "8"}),
+        "not a predictor setting",
+    ),
+    (
+        "probe on an undeclared port",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/containers/0/readinessProbe/httpGet/port", 9000),
+        "is not a container port",
+    ),
+    (
+        "writable root filesystem",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/containers/0/securityContext/readOnlyRootFilesystem", False),
+        "readOnlyRootFilesystem",
+    ),
+    (
+        "trigger on the wrong type",
+        "knative/overlays/cpu",
+        _kind("Trigger"),
+        _set("/spec/filter/attributes/type", "dev.tts-predictor.synthesize.v2"),
+        "the predictor accepts",
+    ),
+    (
+        "trigger on the reply type",
+        "knative/overlays/cpu",
+        _kind("Trigger"),
+        _set("/spec/filter/attributes/type", "dev.tts-predictor.synthesized.v1"),
+        "loop back forever",
+    ),
+    (
+        "no dead-letter sink",
+        "knative/overlays/cpu",
+        _kind("Trigger"),
+        _remove("/spec/delivery/deadLetterSink"),
+        "no deadLetterSink",
+    ),
+    (
+        "kafka consumer group",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        _set("/spec/triggers/2/metadata/consumerGroup", "tts"),
+        "is no Trigger's group",
+    ),
+    (
+        "HTTP add-on's own ScaledObject",
+        "keda/overlays/cpu",
+        _kind("HTTPScaledObject"),
+        _set("/metadata/annotations", {}),
+        "second ScaledObject",
+    ),
+    (
+        "Knative knob in Standard mode",
+        "keda/overlays/cpu",
+        _isvc,
+        _set("/metadata/annotations/autoscaling.knative.dev~1target", "4"),
+        "no effect outside Serverless",
+    ),
+    (
+        "canary shares the stable's shadow sink",
+        "keda/overlays/cpu",
+        lambda d: next(
+            o for o in d if o["kind"] == "InferenceService" and o["metadata"]["name"] == "tts-canary"
+        ),
+        _set("/spec/predictor/containers/0/env/4/value", "s3://tts-shadow/stable"),
+        "its own SHADOW_SINK",
+    ),
     ("unknown kind", "knative/overlays/cpu", _kind("Broker"), _set("/kind", "Brokr"), "unknown kind"),
-    ("undefined recorded series", "knative/overlays/cpu", _kind("PrometheusRule"),
-     _set("/spec/groups/1/rules/0/expr", "tts:first_packet_seconds:p95_5m > 1.5"), "no recording rule defines"),
+    (
+        "undefined recorded series",
+        "knative/overlays/cpu",
+        _kind("PrometheusRule"),
+        _set("/spec/groups/1/rules/0/expr", "tts:first_packet_seconds:p95_5m > 1.5"),
+        "no recording rule defines",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("overlay", "select", "mutate", "expected"), [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS])
+@pytest.mark.parametrize(
+    ("overlay", "select", "mutate", "expected"), [m[1:] for m in MUTATIONS], ids=[m[0] for m in MUTATIONS]
+)
 def test_validator_names_each_broken_rule(rendered, overlay, select, mutate, expected):
     objects = copy.deepcopy(rendered[overlay])
     mutate(select(objects))
@@ -216,7 +357,9 @@ def test_probes_answer_as_each_probe_expects_during_and_after_cold_start(rendere
 
     # Startup and readiness hold traffic back until warm; liveness must not restart a cold pod.
     for (where, kind), status in cold.items():
-        assert status == (200 if kind == "livenessProbe" else 503), f"{where} {kind} answered {status} while cold"
+        assert status == (200 if kind == "livenessProbe" else 503), (
+            f"{where} {kind} answered {status} while cold"
+        )
     assert set(warm.values()) == {200}, warm
 
 

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
-
 from conftest import SECRET, v2_request
 
 INFER = "/v2/models/{model_name}/infer"
 
 
 def test_cold_start_phases_are_exported(predictor):
-    phases = {p: predictor.metric("tts_cold_start_seconds", phase=p) for p in ("fetch", "load", "warmup", "total")}
+    phases = {
+        p: predictor.metric("tts_cold_start_seconds", phase=p) for p in ("fetch", "load", "warmup", "total")
+    }
 
     assert all(v > 0 for v in phases.values()), phases
     assert phases["total"] >= phases["warmup"]
@@ -56,13 +58,17 @@ def test_logs_are_json_lines(predictor):
     records = [json.loads(line) for line in lines]
 
     ready = [r for r in records if r["msg"] == "model ready"]
-    assert len(ready) == 1 and ready[0]["cold_start_s"] > 0 and set(ready[0]["phases_s"]) == {"fetch", "load", "warmup"}
+    assert (
+        len(ready) == 1
+        and ready[0]["cold_start_s"] > 0
+        and set(ready[0]["phases_s"]) == {"fetch", "load", "warmup"}
+    )
 
 
 class _Collector(BaseHTTPRequestHandler):
-    bodies: list[bytes] = []
+    bodies: ClassVar[list[bytes]] = []
 
-    def do_POST(self):  # noqa: N802 (http.server's naming)
+    def do_POST(self):
         length = int(self.headers["content-length"])
         type(self).bodies.append(self.rfile.read(length))
         self.send_response(200)

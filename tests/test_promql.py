@@ -11,21 +11,26 @@ from functools import cache
 from pathlib import Path
 
 import httpx
-import yaml
-
 import manifests
+import yaml
 from conftest import v2_request
 from manifests import Deployment
 
 # The labels a PodMonitor gives a stable predictor pod (Knative names pods <revision>-deployment-*).
-POD_LABELS = {"namespace": "tts", "pod": "tts-predictor-00001-deployment-5c9d8-x2k4q", "container": "kserve-container"}
+POD_LABELS = {
+    "namespace": "tts",
+    "pod": "tts-predictor-00001-deployment-5c9d8-x2k4q",
+    "container": "kserve-container",
+}
 ALERT = re.compile(r"^(?P<signal>.+?)\s*>\s*(?P<threshold>[0-9.]+)$", re.S)
 SENTENCE = "Scaling from zero works when the queue depth is measured where the requests wait."
 
 
 @cache
 def _flavours() -> tuple[Deployment, ...]:
-    return tuple(Deployment(manifests.render(overlay)) for overlay in ("knative/overlays/cpu", "keda/overlays/cpu"))
+    return tuple(
+        Deployment(manifests.render(overlay)) for overlay in ("knative/overlays/cpu", "keda/overlays/cpu")
+    )
 
 
 def _rule_groups() -> list[dict]:
@@ -68,7 +73,9 @@ def test_every_alert_compares_one_signal_with_a_threshold():
     for group in _rule_groups():
         for rule in group["rules"]:
             if "alert" in rule:
-                assert ALERT.match(str(rule["expr"])), f"{rule['alert']}: write it as `<signal> > <threshold>`"
+                assert ALERT.match(str(rule["expr"])), (
+                    f"{rule['alert']}: write it as `<signal> > <threshold>`"
+                )
 
 
 class _Load:
@@ -119,9 +126,13 @@ def _wait_for(check, timeout: float, what: str) -> None:
 def test_every_query_returns_a_sample_and_queue_depth_follows_load(start_predictor, prometheus, tmp_path):
     # One request per engine call, so concurrent requests wait in the queue where it is measured.
     predictor = start_predictor(MAX_BATCH_SIZE="1")
-    prom = prometheus([(f"127.0.0.1:{predictor.http_port}", POD_LABELS)], [_write_rules(tmp_path / "rules.yml")])
+    prom = prometheus(
+        [(f"127.0.0.1:{predictor.http_port}", POD_LABELS)], [_write_rules(tmp_path / "rules.yml")]
+    )
     (queue_name, queue_query), *_ = [(n, q) for n, q in _scaler_queries().items() if "tts_queue_depth" in q]
-    _wait_for(lambda: prom.value('up{job="tts/tts-predictor"}') == 1, 60, "Prometheus did not scrape the predictor")
+    _wait_for(
+        lambda: prom.value('up{job="tts/tts-predictor"}') == 1, 60, "Prometheus did not scrape the predictor"
+    )
     _wait_for(lambda: prom.value(queue_query) is not None, 30, f"{queue_name} returned no sample while idle")
     idle = prom.value(queue_query)
 

@@ -14,7 +14,6 @@ import pytest
 import soundfile
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
-
 from conftest import v2_request
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
@@ -143,7 +142,9 @@ def grpc_typed_infer(target: str, text: str, params: dict[str, str]) -> tuple[np
         response = GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
     assert not response.raw_output_contents, "typed request must get typed outputs"
     outputs = {o.name: o for o in response.outputs}
-    audio = np.asarray(outputs["audio"].contents.fp32_contents, dtype=np.float32).reshape(list(outputs["audio"].shape))
+    audio = np.asarray(outputs["audio"].contents.fp32_contents, dtype=np.float32).reshape(
+        list(outputs["audio"].shape)
+    )
     assert response.parameters["sample_rate"].int64_param == 22050
     return audio, np.asarray(outputs["audio_length"].contents.int64_contents)
 
@@ -154,7 +155,9 @@ def test_kserve_rest_and_grpc_clients(predictor):
 
     run = subprocess.run(
         [sys.executable, str(script), predictor.url, predictor.grpc, SENTENCE],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert run.returncode == 0, run.stderr[-2000:]
@@ -166,7 +169,8 @@ def test_kserve_rest_and_grpc_clients(predictor):
 
 def test_v1_predict_returns_wav_per_instance(predictor):
     response = predictor.post(
-        "/v1/models/tts:predict", json={"instances": [{"text": "Hello."}, {"text": SENTENCE}], "parameters": QUIET}
+        "/v1/models/tts:predict",
+        json={"instances": [{"text": "Hello."}, {"text": SENTENCE}], "parameters": QUIET},
     )
 
     assert response.status_code == 200, response.text
@@ -193,7 +197,9 @@ def test_cloudevent_binary_mode_round_trip(predictor):
         "content-type": "application/json",
     }
 
-    response = predictor.post("/v1/models/tts:predict", headers=headers, content=json.dumps({"text": SENTENCE, **QUIET}))
+    response = predictor.post(
+        "/v1/models/tts:predict", headers=headers, content=json.dumps({"text": SENTENCE, **QUIET})
+    )
 
     assert response.status_code == 200, response.text
     assert response.headers["ce-type"] != EVENT_TYPE
@@ -215,7 +221,9 @@ def test_cloudevent_structured_mode_round_trip(predictor):
     }
 
     response = predictor.post(
-        "/v1/models/tts:predict", headers={"content-type": "application/cloudevents+json"}, content=json.dumps(event)
+        "/v1/models/tts:predict",
+        headers={"content-type": "application/cloudevents+json"},
+        content=json.dumps(event),
     )
 
     assert response.status_code == 200, response.text

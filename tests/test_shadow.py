@@ -21,13 +21,14 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+from conftest import _free_port, aws_env_for, v2_request
+
 # Triton's copy of the v2 protos, as the other test modules load: KServe's and Triton's define the same
 # `inference.*` symbols and cannot share one process.
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as grpc_predict_v2_pb2_grpc
 
 from bench import nginx
-from conftest import _free_port, aws_env_for, v2_request
 from predictor import cli, compare, metrics, shadow
 from predictor.config import load_settings
 
@@ -49,11 +50,19 @@ def voiced(seed: int, seconds: float = 1.5) -> np.ndarray:
 def record(rid: str, revision: str, audio: np.ndarray, *, latency_s: float = 0.5, status: int = 200) -> dict:
     ok = status < 400
     return {
-        "v": 1, "id": rid, "revision": revision, "route": "/v2/models/{model_name}/infer", "status": status,
-        "ts": 1.0, "latency_s": latency_s, "audio_s": len(audio) / SR if ok else None,
-        "sample_rate": SR if ok else None, "items": 1, "text_sha256": shadow.text_sha256([rid]),
+        "v": 1,
+        "id": rid,
+        "revision": revision,
+        "route": "/v2/models/{model_name}/infer",
+        "status": status,
+        "ts": 1.0,
+        "latency_s": latency_s,
+        "audio_s": len(audio) / SR if ok else None,
+        "sample_rate": SR if ok else None,
+        "items": 1,
+        "text_sha256": shadow.text_sha256([rid]),
         "mcep": shadow.fingerprint(audio, SR).tolist() if ok else None,
-    }  # fmt: skip
+    }
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -69,7 +78,9 @@ LATENCIES = np.linspace(0.4, 0.6, N_SYNTH)
 @pytest.fixture(scope="module")
 def stable_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("records") / "stable.jsonl"
-    return write_jsonl(path, [record(f"r{i}", "stable", voiced(i), latency_s=LATENCIES[i]) for i in range(N_SYNTH)])
+    return write_jsonl(
+        path, [record(f"r{i}", "stable", voiced(i), latency_s=LATENCIES[i]) for i in range(N_SYNTH)]
+    )
 
 
 def canary(tmp_path: Path, make) -> Path:
@@ -90,8 +101,13 @@ def run_compare(capsys, *args: str) -> tuple[int, str, str]:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "predictor", *args], env={**os.environ, **(env or {})},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "predictor", *args],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # --- the fingerprint -------------------------------------------------------------------------
@@ -198,7 +214,9 @@ def test_slower_canary_fails_naming_latency(capsys, stable_file, tmp_path):
 
 
 def test_longer_audio_fails_naming_duration(capsys, stable_file, tmp_path):
-    longer = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i, seconds=1.5 * 1.2), latency_s=LATENCIES[i]))
+    longer = canary(
+        tmp_path, lambda i: record(f"r{i}", "canary", voiced(i, seconds=1.5 * 1.2), latency_s=LATENCIES[i])
+    )
 
     code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(longer))
 
@@ -211,7 +229,12 @@ def test_distorted_audio_fails_naming_spectral_distance(capsys, stable_file, tmp
 
     def noisy(i: int) -> dict:
         audio = voiced(i)
-        return record(f"r{i}", "canary", audio + rng.normal(0, 0.05, len(audio)).astype(np.float32), latency_s=LATENCIES[i])
+        return record(
+            f"r{i}",
+            "canary",
+            audio + rng.normal(0, 0.05, len(audio)).astype(np.float32),
+            latency_s=LATENCIES[i],
+        )
 
     code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(canary(tmp_path, noisy)))
 
@@ -221,7 +244,9 @@ def test_distorted_audio_fails_naming_spectral_distance(capsys, stable_file, tmp
 
 
 def test_canary_that_missed_requests_fails_naming_match_rate(capsys, stable_file, tmp_path):
-    sparse = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i]) if i % 4 else None)
+    sparse = canary(
+        tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i]) if i % 4 else None
+    )
 
     code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(sparse))
 
@@ -230,8 +255,10 @@ def test_canary_that_missed_requests_fails_naming_match_rate(capsys, stable_file
 
 
 def test_canary_errors_fail_naming_error_rate(capsys, stable_file, tmp_path):
-    failing = canary(tmp_path, lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i],
-                                                status=503 if i < 4 else 200))  # fmt: skip
+    failing = canary(
+        tmp_path,
+        lambda i: record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i], status=503 if i < 4 else 200),
+    )
 
     code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(failing), "--json")
 
@@ -246,7 +273,9 @@ def test_matched_ids_with_different_texts_fail_saying_ids_are_not_unique(capsys,
         r = record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i])
         return {**r, "text_sha256": shadow.text_sha256([f"something else {i}"])} if i == 3 else r
 
-    code, out, _ = run_compare(capsys, "--stable", str(stable_file), "--canary", str(canary(tmp_path, other_text)))
+    code, out, _ = run_compare(
+        capsys, "--stable", str(stable_file), "--canary", str(canary(tmp_path, other_text))
+    )
 
     assert code == 1
     assert "1 matched requests carry different texts" in out
@@ -321,7 +350,9 @@ def _records_in(text: str) -> list[dict]:
 
 
 def test_response_echoes_the_callers_request_id_and_names_the_revision(stdout_predictor):
-    r = stdout_predictor.post("/v2/models/tts/infer", json=v2_request("Echo my id."), headers={"X-Request-Id": "abc-123"})
+    r = stdout_predictor.post(
+        "/v2/models/tts/infer", json=v2_request("Echo my id."), headers={"X-Request-Id": "abc-123"}
+    )
 
     assert r.status_code == 200
     assert r.headers["x-request-id"] == "abc-123"
@@ -341,7 +372,9 @@ def test_request_id_is_generated_when_absent_on_every_route(stdout_predictor):
 def test_grpc_call_carries_the_request_id_and_revision_in_initial_metadata(stdout_predictor):
     with grpc.insecure_channel(stdout_predictor.grpc) as channel:
         stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
-        _, call = stub.ServerLive.with_call(pb.ServerLiveRequest(), metadata=(("x-request-id", "grpc-42"),), timeout=10)
+        _, call = stub.ServerLive.with_call(
+            pb.ServerLiveRequest(), metadata=(("x-request-id", "grpc-42"),), timeout=10
+        )
 
     metadata = dict(call.initial_metadata())
     assert metadata["x-request-id"] == "grpc-42" and metadata["x-tts-revision"] == "rev-stdout"
@@ -349,8 +382,11 @@ def test_grpc_call_carries_the_request_id_and_revision_in_initial_metadata(stdou
 
 def test_stdout_sink_prints_one_record_per_synthesis_request_errors_included(stdout_predictor):
     ok_id, bad_id, probe_id = (f"stdout-{uuid.uuid4().hex[:8]}" for _ in range(3))
-    stdout_predictor.post("/v1/models/tts:predict", json={"instances": [{"text": "Keep a record."}]},
-                          headers={"X-Request-Id": ok_id})  # fmt: skip
+    stdout_predictor.post(
+        "/v1/models/tts:predict",
+        json={"instances": [{"text": "Keep a record."}]},
+        headers={"X-Request-Id": ok_id},
+    )
     stdout_predictor.post("/v2/models/tts/infer", json=v2_request(" "), headers={"X-Request-Id": bad_id})
     httpx.get(stdout_predictor.url + "/v2/health/live", headers={"X-Request-Id": probe_id}, timeout=5)
 
@@ -361,8 +397,16 @@ def test_stdout_sink_prints_one_record_per_synthesis_request_errors_included(std
             break
         time.sleep(0.1)
     ok, bad = by_id[ok_id], by_id[bad_id]
-    assert ok["status"] == 200 and ok["route"] == "/v1/models/{model_name}:predict" and ok["revision"] == "rev-stdout"
-    assert ok["audio_s"] > 0.5 and ok["sample_rate"] == 22050 and ok["text_sha256"] == shadow.text_sha256(["Keep a record."])
+    assert (
+        ok["status"] == 200
+        and ok["route"] == "/v1/models/{model_name}:predict"
+        and ok["revision"] == "rev-stdout"
+    )
+    assert (
+        ok["audio_s"] > 0.5
+        and ok["sample_rate"] == 22050
+        and ok["text_sha256"] == shadow.text_sha256(["Keep a record."])
+    )
     assert np.asarray(ok["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
     assert "Keep a record" not in json.dumps(ok), "the text itself must not leave the pod"
     assert bad["status"] == 400 and bad["mcep"] is None
@@ -380,8 +424,17 @@ def _wait_for_records(p, *ids: str, timeout_s: float = 20) -> dict[str, dict]:
 
 def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor):
     text = b"Over gRPC."
-    request = pb.ModelInferRequest(model_name="tts", inputs=[pb.ModelInferRequest.InferInputTensor(
-        name="text", datatype="BYTES", shape=[1], contents=pb.InferTensorContents(bytes_contents=[text]))])  # fmt: skip
+    request = pb.ModelInferRequest(
+        model_name="tts",
+        inputs=[
+            pb.ModelInferRequest.InferInputTensor(
+                name="text",
+                datatype="BYTES",
+                shape=[1],
+                contents=pb.InferTensorContents(bytes_contents=[text]),
+            )
+        ],
+    )
     with grpc.insecure_channel(stdout_predictor.grpc) as channel:
         stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
         stub.ModelInfer(request, metadata=(("x-request-id", "grpc-infer-1"),), timeout=60)
@@ -395,7 +448,9 @@ def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor)
 def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predictor):
     body = {"model": "tts", "input": "First sentence here. And a second one.", "response_format": "pcm"}
     whole = stdout_predictor.post("/v1/audio/speech", json=body, headers={"X-Request-Id": "speech-1"})
-    streamed = stdout_predictor.post("/v1/audio/speech", json={**body, "stream": True}, headers={"X-Request-Id": "speech-2"})
+    streamed = stdout_predictor.post(
+        "/v1/audio/speech", json={**body, "stream": True}, headers={"X-Request-Id": "speech-2"}
+    )
 
     got = _wait_for_records(stdout_predictor, "speech-1", "speech-2")
 
@@ -412,14 +467,20 @@ def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predict
 def _s3(endpoint: str):
     env = aws_env_for(endpoint)
     return boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_DEFAULT_REGION"],
-    )  # fmt: skip
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
 
 
 def _objects(client, bucket: str, prefix: str) -> list[list[dict]]:
     listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
-    bodies = [client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in sorted(listing, key=lambda o: o["Key"])]
+    bodies = [
+        client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+        for o in sorted(listing, key=lambda o: o["Key"])
+    ]
     return [[json.loads(line) for line in body.splitlines()] for body in bodies]
 
 
@@ -427,8 +488,12 @@ def test_s3_sink_writes_batches_and_the_tail_on_sigterm(start_predictor, s3_serv
     client = _s3(s3_server)
     client.create_bucket(Bucket="shadow-batches")
     prefix = f"run-{uuid.uuid4().hex[:8]}"
-    p = start_predictor(SHADOW_SINK=f"s3://shadow-batches/{prefix}", REVISION="rev-s3",
-                        SHADOW_BATCH_RECORDS="3", SHADOW_FLUSH_S="3600")  # fmt: skip
+    p = start_predictor(
+        SHADOW_SINK=f"s3://shadow-batches/{prefix}",
+        REVISION="rev-s3",
+        SHADOW_BATCH_RECORDS="3",
+        SHADOW_FLUSH_S="3600",
+    )
     sent = [f"s3-{i}" for i in range(7)]
     for i, rid in enumerate(sent):
         body = v2_request(f"Batch record number {i}.") if i != 6 else v2_request("")
@@ -503,8 +568,11 @@ class SlowProxy:
 
 
 MIRROR_TEXTS = [
-    "The canary should sound like stable.", "Short one.", "Shadow traffic never reaches a user.",
-    "Numbers like seven are read aloud.", "A second sentence follows the first. Then a third.",
+    "The canary should sound like stable.",
+    "Short one.",
+    "Shadow traffic never reaches a user.",
+    "Numbers like seven are read aloud.",
+    "A second sentence follows the first. Then a third.",
 ]
 N_MIRRORED = 20
 SLOW_S = 3.0
@@ -524,7 +592,9 @@ def mirrored(start_predictor, s3_server, tmp_path_factory):
     uris = {name: f"s3://shadow-e2e/{run}/{name}" for name in ("stable", "same", "slower-speech", "slow")}
     extra = {"slower-speech": {"DEFAULT_LENGTH_SCALE": "1.3"}}
     predictors = {
-        name: start_predictor(wait=False, SHADOW_SINK=uri, SHADOW_FLUSH_S="1", REVISION=name, **extra.get(name, {}))
+        name: start_predictor(
+            wait=False, SHADOW_SINK=uri, SHADOW_FLUSH_S="1", REVISION=name, **extra.get(name, {})
+        )
         for name, uri in uris.items()
     }
     for p in predictors.values():
@@ -553,7 +623,10 @@ def mirrored(start_predictor, s3_server, tmp_path_factory):
             if i % 2:
                 path, body = "/v2/models/tts/infer", v2_request(text, seed=i)
             else:
-                path, body = "/v1/models/tts:predict", {"instances": [{"text": text}], "parameters": {"seed": i}}
+                path, body = (
+                    "/v1/models/tts:predict",
+                    {"instances": [{"text": text}], "parameters": {"seed": i}},
+                )
             headers = {"X-Request-Id": f"client-{run}-{i}"} if i % 3 == 0 else {}
             r = httpx.post(base + path, json=body, headers=headers, timeout=120)  # a fresh connection each
             assert r.status_code == 200, r.text
@@ -585,16 +658,31 @@ def test_request_ids_propagate_through_the_mirror_to_every_predictor(mirrored, s
 
 
 def test_identical_canary_passes(mirrored):
-    run = run_cli("compare", "--stable", mirrored["uris"]["stable"], "--canary", mirrored["uris"]["same"],
-                  *LOOSE_LATENCY, env=mirrored["env"])  # fmt: skip
+    run = run_cli(
+        "compare",
+        "--stable",
+        mirrored["uris"]["stable"],
+        "--canary",
+        mirrored["uris"]["same"],
+        *LOOSE_LATENCY,
+        env=mirrored["env"],
+    )
 
     assert run.returncode == 0, run.stdout + run.stderr
     assert "match rate       100.0%" in run.stdout and "p50 0.00 dB" in run.stdout
 
 
 def test_canary_with_other_synthesis_settings_fails_naming_duration(mirrored):
-    run = run_cli("compare", "--stable", mirrored["uris"]["stable"], "--canary", mirrored["uris"]["slower-speech"],
-                  *LOOSE_LATENCY, "--json", env=mirrored["env"])  # fmt: skip
+    run = run_cli(
+        "compare",
+        "--stable",
+        mirrored["uris"]["stable"],
+        "--canary",
+        mirrored["uris"]["slower-speech"],
+        *LOOSE_LATENCY,
+        "--json",
+        env=mirrored["env"],
+    )
 
     assert run.returncode == 1, run.stdout + run.stderr
     summary = json.loads(run.stdout)
@@ -604,8 +692,17 @@ def test_canary_with_other_synthesis_settings_fails_naming_duration(mirrored):
 
 def test_canary_with_injected_latency_fails_naming_latency(mirrored, tmp_path):
     png = tmp_path / "slow.png"
-    run = run_cli("compare", "--stable", mirrored["uris"]["stable"], "--canary", mirrored["uris"]["slow"],
-                  *LOOSE_LATENCY, "--png", str(png), env=mirrored["env"])  # fmt: skip
+    run = run_cli(
+        "compare",
+        "--stable",
+        mirrored["uris"]["stable"],
+        "--canary",
+        mirrored["uris"]["slow"],
+        *LOOSE_LATENCY,
+        "--png",
+        str(png),
+        env=mirrored["env"],
+    )
 
     reasons = run.stdout.split("FAIL", 1)[-1]
     assert run.returncode == 1, run.stdout + run.stderr

@@ -19,7 +19,9 @@ def speech(predictor, **body) -> httpx.Response:
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "opus"])
 def test_whole_file_in_each_format_decodes_to_speech(predictor, fmt):
-    response = speech(predictor, input="Hello from the speech route. It has two sentences.", response_format=fmt)
+    response = speech(
+        predictor, input="Hello from the speech route. It has two sentences.", response_format=fmt
+    )
 
     assert response.status_code == 200, response.text
     audio, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
@@ -44,8 +46,12 @@ def test_speed_shortens_the_audio(predictor):
 def test_stream_starts_before_the_last_segment_is_synthesized(predictor):
     calls_before = predictor.metric("tts_batch_size_count")
 
-    with httpx.stream("POST", predictor.url + "/v1/audio/speech", timeout=120,
-                      json={"model": "tts", "input": TEN_SENTENCES, "response_format": "pcm", "stream": True}) as response:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        predictor.url + "/v1/audio/speech",
+        timeout=120,
+        json={"model": "tts", "input": TEN_SENTENCES, "response_format": "pcm", "stream": True},
+    ) as response:
         chunks = response.iter_bytes()
         first = next(chunks)
         synthesized_at_first_chunk = predictor.metric("tts_batch_size_count") - calls_before
@@ -59,8 +65,12 @@ def test_stream_starts_before_the_last_segment_is_synthesized(predictor):
 
 
 def test_streamed_wav_decodes(predictor):
-    with httpx.stream("POST", predictor.url + "/v1/audio/speech", timeout=120,
-                      json={"model": "tts", "input": TEN_SENTENCES[:150], "response_format": "wav", "stream": True}) as response:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        predictor.url + "/v1/audio/speech",
+        timeout=120,
+        json={"model": "tts", "input": TEN_SENTENCES[:150], "response_format": "wav", "stream": True},
+    ) as response:
         body = response.read()
 
     samples = np.frombuffer(body[44:], dtype="<i2")  # canonical 44-byte header, sizes "unknown"
@@ -71,23 +81,30 @@ def test_client_that_hangs_up_cancels_the_remaining_segments(predictor):
     text = " ".join([TEN_SENTENCES] * 3)  # thirty segments
     calls_before = predictor.metric("tts_batch_size_count")
 
-    with httpx.stream("POST", predictor.url + "/v1/audio/speech", timeout=120,
-                      json={"model": "tts", "input": text, "response_format": "pcm", "stream": True}) as response:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        predictor.url + "/v1/audio/speech",
+        timeout=120,
+        json={"model": "tts", "input": text, "response_format": "pcm", "stream": True},
+    ) as response:
         next(response.iter_bytes())
     time.sleep(3.0)  # long enough for many more segments, had they gone on
     settled = predictor.metric("tts_batch_size_count") - calls_before
     time.sleep(1.0)
 
     assert settled < 30
-    assert predictor.metric("tts_batch_size_count") - calls_before == settled, "synthesis went on after the hang-up"
+    assert predictor.metric("tts_batch_size_count") - calls_before == settled, (
+        "synthesis went on after the hang-up"
+    )
 
 
 def test_openai_client_works_against_the_server(predictor):
     openai = pytest.importorskip("openai")  # in the test extras; skipped only where it cannot install
     client = openai.OpenAI(base_url=predictor.url + "/v1", api_key="not-needed")
 
-    reply = client.audio.speech.create(model="tts", voice="en_US-joe-medium", input="Hello from the OpenAI client.",
-                                       response_format="wav")  # fmt: skip
+    reply = client.audio.speech.create(
+        model="tts", voice="en_US-joe-medium", input="Hello from the OpenAI client.", response_format="wav"
+    )
 
     audio, rate = soundfile.read(io.BytesIO(reply.content), dtype="float32")
     assert rate == 22050 and len(audio) > rate
@@ -104,7 +121,7 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("body, reason", BAD.values(), ids=BAD.keys())
+@pytest.mark.parametrize(("body", "reason"), BAD.values(), ids=BAD.keys())
 def test_bad_speech_requests_get_400_with_reason(predictor, body, reason):
     response = predictor.post("/v1/audio/speech", json={"model": "tts", **body})
 
@@ -124,8 +141,12 @@ def test_a_20000_character_text_streams_in_bounded_memory(start_predictor):
 
     def stream(chars: int) -> tuple[httpx.Response, int]:
         received = 0
-        with httpx.stream("POST", predictor.url + "/v1/audio/speech", timeout=1200,
-                          json={"model": "tts", "input": text[:chars], "response_format": "pcm", "stream": True}) as r:  # fmt: skip
+        with httpx.stream(
+            "POST",
+            predictor.url + "/v1/audio/speech",
+            timeout=1200,
+            json={"model": "tts", "input": text[:chars], "response_format": "pcm", "stream": True},
+        ) as r:
             for chunk in r.iter_bytes():
                 received += len(chunk)
         return r, received

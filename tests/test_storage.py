@@ -10,6 +10,7 @@ import socket
 import threading
 import uuid
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import boto3
@@ -17,7 +18,7 @@ import pytest
 
 from predictor.artifact import MANIFEST, Manifest, ManifestFile, publish, safe_join
 from predictor.errors import ArtifactNotFound, IntegrityError, StorageError, TransientStorageError, UnsafePath
-from predictor.storage import MiB, VERIFIED_DIR, fetch, parse_uri
+from predictor.storage import VERIFIED_DIR, MiB, fetch, parse_uri
 
 VOICE_FILES = {"model.onnx", "config.json", "MODEL_CARD", "model.safetensors", "vits.json"}
 
@@ -57,7 +58,10 @@ def small_voice(s3_env: str, tmp_path: Path) -> tuple[str, Manifest]:
     uri = f"s3://voices/test-{uuid.uuid4().hex[:8]}"
     manifest = write_artifact(
         tmp_path / "src",
-        {"weights.bin": os.urandom(3 * MiB + MiB // 2), "conf/config.json": b'{"audio": {"sample_rate": 22050}}'},
+        {
+            "weights.bin": os.urandom(3 * MiB + MiB // 2),
+            "conf/config.json": b'{"audio": {"sample_rate": 22050}}',
+        },
     )
     publish(tmp_path / "src", uri)
     return uri, manifest
@@ -73,7 +77,10 @@ class FaultyProxy:
     responses framed by Content-Length.
     """
 
-    _ERRORS = {"503": ("503 Slow Down", "SlowDown"), "403": ("403 Forbidden", "AccessDenied")}
+    _ERRORS: ClassVar[dict[str, tuple[str, str]]] = {
+        "503": ("503 Slow Down", "SlowDown"),
+        "403": ("403 Forbidden", "AccessDenied"),
+    }
 
     def __init__(self, upstream: str, *, faulty: int = 0, fault: str = "drop", ranged_only: bool = True):
         parts = urlsplit(upstream)
@@ -125,7 +132,8 @@ class FaultyProxy:
                         body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
                         client.sendall(
                             f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\n"
-                            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
+                            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                            + body
                         )
                         return
                     if upstream is None:
@@ -134,8 +142,11 @@ class FaultyProxy:
                     upstream.sendall(head)
                     response = _read_head(from_upstream)
                     length = next(
-                        (int(line.split(b":", 1)[1]) for line in response.split(b"\r\n")
-                         if line.lower().startswith(b"content-length:")),
+                        (
+                            int(line.split(b":", 1)[1])
+                            for line in response.split(b"\r\n")
+                            if line.lower().startswith(b"content-length:")
+                        ),
                         0,
                     )
                     body = from_upstream.read(length)
@@ -294,7 +305,7 @@ def test_corrupted_object_is_caught(small_voice, s3, tmp_path: Path):
     s3.put_object(Bucket=bucket, Key=f"{prefix}/weights.bin", Body=os.urandom(size))
     models = tmp_path / "models"
 
-    with pytest.raises(IntegrityError, match="weights.bin.*sha256"):
+    with pytest.raises(IntegrityError, match=r"weights\.bin.*sha256"):
         fetch(uri, models, part_size=1 * MiB)
 
     assert not (models / "weights.bin").exists()
@@ -308,7 +319,7 @@ def test_object_of_wrong_size_is_caught(small_voice, s3, tmp_path: Path):
     s3.put_object(Bucket=bucket, Key=f"{prefix}/weights.bin", Body=b"too short")
     models = tmp_path / "models"
 
-    with pytest.raises(IntegrityError, match="weights.bin"):
+    with pytest.raises(IntegrityError, match=r"weights\.bin"):
         fetch(uri, models, part_size=1 * MiB)
 
     assert not (models / "weights.bin").exists()
@@ -316,7 +327,8 @@ def test_object_of_wrong_size_is_caught(small_voice, s3, tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    "bad_path", ["../evil", "/abs/evil", "a/../../evil", "a\\evil", "a//b", "", ".verified/x.sha256", MANIFEST]
+    "bad_path",
+    ["../evil", "/abs/evil", "a/../../evil", "a\\evil", "a//b", "", ".verified/x.sha256", MANIFEST],
 )
 def test_traversal_key_is_refused(bad_path: str, s3, tmp_path: Path):
     prefix = f"hostile-{uuid.uuid4().hex[:8]}"
@@ -324,8 +336,11 @@ def test_traversal_key_is_refused(bad_path: str, s3, tmp_path: Path):
     evil = ManifestFile(path=bad_path, size=4, sha256=hashlib.sha256(b"evil").hexdigest())
     s3.create_bucket(Bucket="hostile")
     s3.put_object(Bucket="hostile", Key=f"{prefix}/ok.bin", Body=b"ok")
-    s3.put_object(Bucket="hostile", Key=f"{prefix}/{MANIFEST}",
-                  Body=Manifest(name="x", version="1", files=[good, evil]).dumps())
+    s3.put_object(
+        Bucket="hostile",
+        Key=f"{prefix}/{MANIFEST}",
+        Body=Manifest(name="x", version="1", files=[good, evil]).dumps(),
+    )
     models = tmp_path / "deep" / "models"
 
     with pytest.raises(UnsafePath):
@@ -347,11 +362,11 @@ def test_symlink_out_of_model_dir_is_refused(tmp_path: Path):
 def test_missing_manifest_is_reported(s3, tmp_path: Path):
     s3.create_bucket(Bucket="voices")
 
-    with pytest.raises(ArtifactNotFound, match="s3://voices/no-such-voice/manifest.json"):
+    with pytest.raises(ArtifactNotFound, match=r"s3://voices/no-such-voice/manifest\.json"):
         fetch("s3://voices/no-such-voice", tmp_path / "models")
     with pytest.raises(ArtifactNotFound, match="no-such-bucket"):
         fetch("s3://no-such-bucket/voice", tmp_path / "models")
-    with pytest.raises(ArtifactNotFound, match="manifest.json"):
+    with pytest.raises(ArtifactNotFound, match=r"manifest\.json"):
         fetch(str(tmp_path / "nowhere"), tmp_path / "models")
 
 
@@ -370,7 +385,9 @@ def test_missing_object_is_reported(small_voice, s3, tmp_path: Path):
 
 @pytest.mark.parametrize("ranged_only", [True, False], ids=["parts", "manifest"])
 @pytest.mark.parametrize("fault", ["drop", "503"])
-def test_dropped_connection_is_retried(fault: str, ranged_only: bool, small_voice, proxy_factory, tmp_path: Path):
+def test_dropped_connection_is_retried(
+    fault: str, ranged_only: bool, small_voice, proxy_factory, tmp_path: Path
+):
     uri, manifest = small_voice
     proxy = proxy_factory(faulty=3, fault=fault, ranged_only=ranged_only)
     models = tmp_path / "models"

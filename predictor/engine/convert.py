@@ -48,7 +48,7 @@ def _module_path(node_name: str) -> str:
 
 def _is_parameter_name(name: str) -> bool:
     """Exporter constants are '/scope/Op_output_0', 'onnx::Op_123' or bare numbers; parameters are dotted."""
-    return not (name.startswith("/") or name.startswith("onnx::") or name.isdigit())
+    return not (name.startswith(("/", "onnx::")) or name.isdigit())
 
 
 def _attrs(node) -> dict:
@@ -111,7 +111,9 @@ def _collect_tensors(graph, constants: dict[str, np.ndarray]) -> dict[str, np.nd
         node = nodes.get(_DP_AFFINE_NODE)
         folded = [i for i in (node.input if node else []) if i in constants]
         if len(folded) != 1:
-            raise ConversionError(f"cannot find the folded exp(-dp.flows.0.logs) constant at {_DP_AFFINE_NODE}")
+            raise ConversionError(
+                f"cannot find the folded exp(-dp.flows.0.logs) constant at {_DP_AFFINE_NODE}"
+            )
         scale = constants[folded[0]].astype(np.float64)
         if (scale <= 0).any():
             raise ConversionError("folded exp(-logs) constant is not positive")
@@ -296,4 +298,3 @@ def load_vits(
     vits = Vits(config, decoder_dtype=decoder_dtype).to(device)
     vits.load_state_dict(state, strict=True)
     return vits.eval()
-

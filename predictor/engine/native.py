@@ -9,8 +9,8 @@ to its own duration sum x hop length and the sentences of each text are joined i
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -75,19 +75,23 @@ class TorchEngine(PiperEngine):
         per_batch = SENTENCES_PER_BATCH[self.plan.device.type]
         for start in range(0, len(order), per_batch):
             batch = order[start : start + per_batch]
-            for k, pcm in zip(batch, self._run([sentences[k][1] for k in batch], batch, params)):
+            for k, pcm in zip(
+                batch, self._run([sentences[k][1] for k in batch], batch, params), strict=False
+            ):
                 audio[k] = pcm
         out: list[list[np.ndarray]] = [[] for _ in texts]
-        for (i, _), pcm in zip(sentences, audio):
+        for (i, _), pcm in zip(sentences, audio, strict=False):
             out[i].append(pcm)
         return [np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32) for parts in out]
 
-    def _run(self, batch_ids: list[list[int]], positions: list[int], params: SynthesisParams) -> list[np.ndarray]:
+    def _run(
+        self, batch_ids: list[list[int]], positions: list[int], params: SynthesisParams
+    ) -> list[np.ndarray]:
         assert self._model is not None
         voice, device = self.voice, self.plan.device
         lengths = torch.tensor([len(ids) for ids in batch_ids], dtype=torch.long)
         ids = torch.zeros((len(batch_ids), int(lengths.max())), dtype=torch.long)  # [B, T], 0 = pad
-        for row, seq in zip(ids, batch_ids):
+        for row, seq in zip(ids, batch_ids, strict=False):
             row[: len(seq)] = torch.tensor(seq, dtype=torch.long)
         generators = None
         if params.seed is not None:

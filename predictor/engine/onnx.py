@@ -6,8 +6,8 @@ per-item durations, so items are run one sentence at a time; the native torch en
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import onnxruntime

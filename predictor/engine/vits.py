@@ -99,7 +99,7 @@ class VitsConfig:
         return {**asdict(self), "hop_length": self.hop_length}
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "VitsConfig":
+    def from_dict(cls, raw: dict) -> VitsConfig:
         raw = dict(raw)
         hop_length = raw.pop("hop_length", None)
         known = {f.name for f in fields(cls)}
@@ -237,7 +237,8 @@ class Encoder(nn.Module):
         super().__init__()
         c = config
         self.attn_layers = nn.ModuleList(
-            MultiHeadAttention(c.hidden_channels, c.n_heads, c.window_size, c.heads_share) for _ in range(c.n_layers)
+            MultiHeadAttention(c.hidden_channels, c.n_heads, c.window_size, c.heads_share)
+            for _ in range(c.n_layers)
         )
         self.norm_layers_1 = nn.ModuleList(LayerNorm(c.hidden_channels) for _ in range(c.n_layers))
         self.ffn_layers = nn.ModuleList(
@@ -249,7 +250,9 @@ class Encoder(nn.Module):
         # x: [B, C, T], x_mask: [B, 1, T]
         attn_mask = x_mask.unsqueeze(2) * x_mask.unsqueeze(-1)  # [B, 1, T, T]
         x = x * x_mask
-        for attn, norm_1, ffn, norm_2 in zip(self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2):
+        for attn, norm_1, ffn, norm_2 in zip(
+            self.attn_layers, self.norm_layers_1, self.ffn_layers, self.norm_layers_2, strict=False
+        ):
             x = norm_1(x + attn(x, attn_mask))
             x = norm_2(x + ffn(x, x_mask))
         return x * x_mask
@@ -311,7 +314,9 @@ class DDSConv(nn.Module):
         # x: [B, C, T]; g: conditioning of the same shape, added once
         if g is not None:
             x = x + g
-        for conv_sep, conv_1x1, norm_1, norm_2 in zip(self.convs_sep, self.convs_1x1, self.norms_1, self.norms_2):
+        for conv_sep, conv_1x1, norm_1, norm_2 in zip(
+            self.convs_sep, self.convs_1x1, self.norms_1, self.norms_2, strict=False
+        ):
             y = F.gelu(norm_1(conv_sep(x * x_mask)))
             y = F.gelu(norm_2(conv_1x1(y)))
             x = x + y
@@ -350,7 +355,9 @@ def rational_quadratic_spline_inverse(
         cum = torch.cumsum(sizes, dim=-1)
         cum = (high - low) * cum + low  # [..., K]
         # Knots K+1: pin both ends exactly to the interval (as VITS does after the cumsum).
-        cum = torch.cat([torch.full_like(cum[..., :1], low), cum[..., :-1], torch.full_like(cum[..., :1], high)], -1)
+        cum = torch.cat(
+            [torch.full_like(cum[..., :1], low), cum[..., :-1], torch.full_like(cum[..., :1], high)], -1
+        )
         return cum, cum[..., 1:] - cum[..., :-1]
 
     cumwidths, widths = knots(unnormalized_widths, min_bin_width, left, right)
@@ -412,7 +419,9 @@ class UnusedFlow(nn.Module):
 class ConvFlow(nn.Module):
     """Neural spline coupling: half the channels, through DDSConv, parameterize a spline on the other half."""
 
-    def __init__(self, in_channels: int, filter_channels: int, kernel_size: int, n_layers: int, config: VitsConfig):
+    def __init__(
+        self, in_channels: int, filter_channels: int, kernel_size: int, n_layers: int, config: VitsConfig
+    ):
         super().__init__()
         self.half_channels = in_channels // 2
         self.filter_channels = filter_channels
@@ -522,7 +531,9 @@ class WN(nn.Module):
         h = self.hidden_channels
         output = torch.zeros_like(x)
         n = len(self.in_layers)
-        for i, (in_layer, res_skip_layer) in enumerate(zip(self.in_layers, self.res_skip_layers)):
+        for i, (in_layer, res_skip_layer) in enumerate(
+            zip(self.in_layers, self.res_skip_layers, strict=False)
+        ):
             x_in = in_layer(x)  # [B, 2H, F]
             acts = torch.tanh(x_in[:, :h]) * torch.sigmoid(x_in[:, h:])
             res_skip = res_skip_layer(acts)
@@ -585,14 +596,15 @@ class ResBlock1(nn.Module):
     def __init__(self, channels: int, kernel_size: int, dilation: Sequence[int]):
         super().__init__()
         self.convs1 = nn.ModuleList(
-            nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=get_padding(kernel_size, d)) for d in dilation
+            nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=get_padding(kernel_size, d))
+            for d in dilation
         )
         self.convs2 = nn.ModuleList(
             nn.Conv1d(channels, channels, kernel_size, padding=get_padding(kernel_size)) for _ in dilation
         )
 
     def forward(self, x: torch.Tensor, x_mask: torch.Tensor | None = None) -> torch.Tensor:
-        for c1, c2 in zip(self.convs1, self.convs2):
+        for c1, c2 in zip(self.convs1, self.convs2, strict=False):
             xt = c1(_masked(F.leaky_relu(x, LRELU_SLOPE), x_mask))
             xt = c2(_masked(F.leaky_relu(xt, LRELU_SLOPE), x_mask))
             x = xt + x
@@ -605,7 +617,8 @@ class ResBlock2(nn.Module):
     def __init__(self, channels: int, kernel_size: int, dilation: Sequence[int]):
         super().__init__()
         self.convs = nn.ModuleList(
-            nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=get_padding(kernel_size, d)) for d in dilation
+            nn.Conv1d(channels, channels, kernel_size, dilation=d, padding=get_padding(kernel_size, d))
+            for d in dilation
         )
 
     def forward(self, x: torch.Tensor, x_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -627,17 +640,20 @@ class Generator(nn.Module):
         self.upsample_rates = list(c.upsample_rates)
         self.num_kernels = len(c.resblock_kernel_sizes)
         self.conv_pre = nn.Conv1d(
-            c.inter_channels, c.upsample_initial_channel, self.PRE_POST_KERNEL, padding=get_padding(self.PRE_POST_KERNEL)
+            c.inter_channels,
+            c.upsample_initial_channel,
+            self.PRE_POST_KERNEL,
+            padding=get_padding(self.PRE_POST_KERNEL),
         )
         resblock = {"1": ResBlock1, "2": ResBlock2}[c.resblock]
         self.ups = nn.ModuleList()
         self.resblocks = nn.ModuleList()
         ch = c.upsample_initial_channel
-        for u, k in zip(c.upsample_rates, c.upsample_kernel_sizes):
+        for u, k in zip(c.upsample_rates, c.upsample_kernel_sizes, strict=False):
             # padding (k-u)/2 makes the output exactly u times longer than the input.
             self.ups.append(nn.ConvTranspose1d(ch, ch // 2, k, u, padding=(k - u) // 2))
             ch //= 2
-            for rk, rd in zip(c.resblock_kernel_sizes, c.resblock_dilation_sizes):
+            for rk, rd in zip(c.resblock_kernel_sizes, c.resblock_dilation_sizes, strict=False):
                 self.resblocks.append(resblock(ch, rk, rd))
         self.conv_post = nn.Conv1d(
             ch, 1, self.PRE_POST_KERNEL, padding=get_padding(self.PRE_POST_KERNEL), bias=False
@@ -649,7 +665,7 @@ class Generator(nn.Module):
         # that item sees when run alone: a padded batch then reproduces each item bit for bit (up to
         # float reassociation) instead of leaking the neighbours' tails into the last samples.
         x = _masked(self.conv_pre(x), x_mask)
-        for i, (up, u) in enumerate(zip(self.ups, self.upsample_rates)):
+        for i, (up, u) in enumerate(zip(self.ups, self.upsample_rates, strict=False)):
             x = up(F.leaky_relu(x, LRELU_SLOPE))
             if x_mask is not None:
                 x_mask = x_mask.repeat_interleave(u, dim=-1)
@@ -693,7 +709,7 @@ class Vits(nn.Module):
         self.dec = Generator(config)
         self.set_decoder_dtype(decoder_dtype)
 
-    def set_decoder_dtype(self, dtype: torch.dtype | None) -> "Vits":
+    def set_decoder_dtype(self, dtype: torch.dtype | None) -> Vits:
         self.dec.to(dtype or torch.float32)
         return self
 
@@ -722,7 +738,7 @@ class Vits(nn.Module):
         """Standard normal noise [B, channels, width], drawn per item at its own length (zeros after),
         so an item's noise depends only on its generator, never on what it is batched with."""
         items = []
-        for gen, length in zip(generators, lengths):
+        for gen, length in zip(generators, lengths, strict=False):
             device = gen.device if gen is not None else self.device
             eps = torch.randn((channels, length), generator=gen, device=device, dtype=torch.float32)
             items.append(F.pad(eps.to(self.device), (0, width - length)))
@@ -769,7 +785,9 @@ class Vits(nn.Module):
     ) -> torch.Tensor:
         """Ceiled frames per phoneme [B, T] (0 on padding) without running flow and generator."""
         generators = self._generators(generator, phoneme_ids.size(0))
-        return self._encode_and_durations(phoneme_ids, lengths, length_scale, noise_w, generators, noise)[3][:, 0]
+        return self._encode_and_durations(phoneme_ids, lengths, length_scale, noise_w, generators, noise)[3][
+            :, 0
+        ]
 
     @torch.no_grad()
     def infer(
@@ -789,7 +807,7 @@ class Vits(nn.Module):
         or None (torch's global RNG). noise: optional standard-normal tensors to use instead of drawing,
         {"dp": [B, 2, T], "prior": [B, inter_channels, F]} where F = max frames (see durations()).
         """
-        b, t = phoneme_ids.shape
+        b, _t = phoneme_ids.shape
         lengths = lengths.to(phoneme_ids.device)
         generators = self._generators(generator, b)
         m_p, logs_p, x_mask, w_ceil = self._encode_and_durations(
