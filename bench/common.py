@@ -196,7 +196,7 @@ class Session:
     def voice(self) -> str:
         """URI of the default voice artifact published to moto (published on first use)."""
         if self._voice is None:
-            from predictor.artifact import build_default_voice, publish
+            from predictor.artifact.publish import build_default_voice, publish
 
             src = self.path("voice")
             build_default_voice(src)

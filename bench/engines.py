@@ -27,7 +27,7 @@ ROUNDS = 5
 
 def _engine(model_dir: Path, name: str, compiled: bool = False):
     from predictor.config import load_settings
-    from predictor.engine import create
+    from predictor.engine.factory import create
 
     settings = load_settings(engine=name, cpu_threads=THREADS, compile=compiled)
     engine = create(settings)
@@ -47,8 +47,8 @@ def _throughput(engine, texts: list[str], params) -> tuple[float, float]:
 
 
 def run(session: Session, compiled: bool = True) -> SuiteResult:
-    from predictor.engine import SynthesisParams
-    from predictor.storage import fetch
+    from predictor.artifact.fetch import fetch
+    from predictor.engine.base import SynthesisParams
 
     res = SuiteResult()
     model_dir = session.path("model")

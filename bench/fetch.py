@@ -60,7 +60,7 @@ print(json.dumps({"seconds": time.perf_counter() - t}))
 # --- the artifact ------------------------------------------------------------------------------
 def artifact(size_mib: int, files: int) -> Path:
     """Random files plus manifest.json in .cache/, generated once and reused (manifest written last)."""
-    from predictor.artifact import MANIFEST, Manifest, ManifestFile
+    from predictor.artifact.manifest import MANIFEST, Manifest, ManifestFile
 
     root = REPO / ".cache" / "bench-artifact" / f"{size_mib}MiB-{files}files"
     if (root / MANIFEST).exists():
@@ -91,7 +91,7 @@ def upload(src: Path, moto_url: str, prefix: str) -> None:
     import boto3
     from boto3.s3.transfer import TransferConfig
 
-    from predictor.artifact import MANIFEST, Manifest
+    from predictor.artifact.manifest import MANIFEST, Manifest
 
     client = boto3.session.Session().client("s3", endpoint_url=moto_url)
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
@@ -192,7 +192,7 @@ def run(
     concurrency: int = 0,
     part_size_mib: int = 0,
 ) -> SuiteResult:
-    from predictor.artifact import MANIFEST, Manifest
+    from predictor.artifact.manifest import MANIFEST, Manifest
     from predictor.config import Settings
 
     res = SuiteResult()

@@ -58,7 +58,7 @@ def timed(fn: Callable[[], object], n: int) -> list[float]:
 def _engine(model_dir: Path, name: str):
     """The engine the server runs, built the way the server builds it (same settings, same threads)."""
     from predictor.config import load_settings
-    from predictor.engine import create
+    from predictor.engine.factory import create
 
     settings = load_settings(engine=name, cpu_threads=THREADS)
     engine = create(settings)
@@ -91,7 +91,7 @@ def _triton(port: int):
 
 
 def run(session: Session, engine_name: str = "onnx") -> SuiteResult:
-    from predictor.engine import SynthesisParams
+    from predictor.engine.base import SynthesisParams
 
     res = SuiteResult()
     suite = f"latency/{engine_name}"

@@ -43,7 +43,7 @@ def _fingerprint_ms(p: Predictor) -> tuple[float, float]:
     """(ms to fingerprint one request's audio, its audio seconds), on this process's CPU."""
     import soundfile
 
-    from predictor import shadow
+    from predictor.audio import fingerprint
 
     r = p.client.post(
         "/v1/models/tts:predict", json={"instances": [{"text": SENTENCE}], "parameters": PARAMS}
@@ -52,17 +52,17 @@ def _fingerprint_ms(p: Predictor) -> tuple[float, float]:
     audio, rate = soundfile.read(
         io.BytesIO(base64.b64decode(r.json()["predictions"][0]["wav_base64"])), dtype="float32"
     )
-    shadow.fingerprint(audio, rate)  # first call builds the filter bank
+    fingerprint.fingerprint(audio, rate)  # first call builds the filter bank
     runs = []
     for _ in range(20):
         t = time.perf_counter()
-        shadow.fingerprint(audio, rate)
+        fingerprint.fingerprint(audio, rate)
         runs.append(time.perf_counter() - t)
     return median(runs) * 1e3, len(audio) / rate
 
 
 def run(session: Session, n: int = 200) -> SuiteResult:
-    from predictor.storage import s3_client
+    from predictor.storage.s3 import s3_client
 
     res = SuiteResult()
     bucket = "bench-shadow"

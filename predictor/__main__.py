@@ -1,3 +1,5 @@
+"""`python -m predictor`: the same entry point as the `tts-predictor` console script."""
+
 from predictor.cli import main
 
 if __name__ == "__main__":

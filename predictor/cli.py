@@ -27,16 +27,17 @@ def _progress_bar(total: int | None, desc: str):
 # --- serve ---------------------------------------------------------------------------------
 def cmd_serve(_args: argparse.Namespace) -> int:
     settings = load_settings()
-    from predictor import logs
+    from predictor.observability import logs
 
     logs.configure(settings.log_level, settings.log_format)
-    from predictor import coldstart
+    from predictor.serving import coldstart
 
     pending = coldstart.begin(settings)  # before the heavy imports below, to overlap with them
 
     import asyncio
 
-    from predictor import server, tracing
+    from predictor import server
+    from predictor.observability import tracing
 
     tracing.configure(settings.otel_exporter_otlp_endpoint, settings.otel_service_name)
     try:
@@ -53,29 +54,26 @@ def cmd_serve(_args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     import tempfile
 
-    from predictor import artifact
+    from predictor.artifact import publish
 
     with tempfile.TemporaryDirectory(prefix="tts-artifact-") as tmp:
         src = Path(args.source) if args.source else Path(tmp)
         if not args.source:
-            artifact.build_default_voice(src)
-        manifest = artifact.publish(src, args.to, endpoint_url=args.endpoint_url, progress=True)
+            publish.build_default_voice(src)
+        manifest = publish.publish(src, args.to, endpoint_url=args.endpoint_url, progress=True)
     print(f"published {manifest.name}@{manifest.version} ({len(manifest.files)} files) to {args.to}")
     return 0
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from predictor import storage
+    from predictor.artifact import fetch as fetching
 
     settings = load_settings()
     with _progress_bar(None, "fetch") as bar:
-        manifest, report = storage.fetch(
+        manifest, report = fetching.fetch(
             args.uri,
             Path(args.dir),
-            concurrency=settings.fetch_concurrency,
-            part_size=settings.fetch_part_size,
-            retries=settings.fetch_retries,
-            backoff_s=settings.fetch_backoff_s,
+            **fetching.FetchOptions.from_settings(settings).as_kwargs(),
             on_bytes=bar.update,
             engine=args.engine,
         )
@@ -92,26 +90,25 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     import soundfile
 
-    from predictor import engine as engines
-    from predictor import storage
-    from predictor.engine import SynthesisParams
+    from predictor.artifact import fetch as fetching
+    from predictor.engine import factory as engines
+    from predictor.engine.base import SynthesisParams
 
     overrides = {"engine": args.engine} if args.engine else {}
     settings = load_settings(**overrides)
     with tempfile.TemporaryDirectory(prefix="tts-synth-") as tmp:
         model_dir = Path(args.model_dir) if args.model_dir else Path(tmp)
         if args.storage_uri:
-            storage.fetch(
+            fetching.fetch(
                 args.storage_uri,
                 model_dir,
-                concurrency=settings.fetch_concurrency,
-                part_size=settings.fetch_part_size,
+                **fetching.FetchOptions.from_settings(settings).as_kwargs(),
                 engine=settings.engine,
             )
         elif not args.model_dir:
-            from predictor import artifact
+            from predictor.artifact import publish
 
-            artifact.build_default_voice(model_dir)
+            publish.build_default_voice(model_dir)
         eng = engines.create(settings)
         eng.load(model_dir)
         params = SynthesisParams(
@@ -133,7 +130,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 # --- compare ---------------------------------------------------------------------------------
 def cmd_compare(args: argparse.Namespace) -> int:
     """Exit 0 on PASS, 1 on FAIL, 2 when the input cannot be judged (a CI gate tells them apart)."""
-    from predictor import compare
+    from predictor.shadow import compare
 
     thresholds = compare.Thresholds(
         min_match_rate=args.min_match_rate,
@@ -195,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voice")
     p.add_argument("--seed", type=int, help="reproducible noise (torch engine)")
 
-    from predictor.compare import Thresholds
+    from predictor.shadow.compare import Thresholds
 
     t = Thresholds()
     p = sub.add_parser(

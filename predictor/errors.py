@@ -1,17 +1,21 @@
 """One exception hierarchy for the predictor, each class carrying its HTTP and gRPC status.
 
-The REST and gRPC servers map these in one place (server.py); code that raises them never thinks
-about transports.
+Each class carries its HTTP status and the *name* of its gRPC status code, so this module needs no
+grpc import (the forked fetch process never pays for one). The REST exception handler
+(api/handlers.py) and the gRPC interceptor (serving/interceptor.py) read these attributes; code that
+raises them never thinks about transports.
+
+Three errors stay outside this tree on purpose, because no client ever sees them: ConfigError
+(config.py: bad settings, the process exits 2 at start), ConversionError (engine/convert.py: a voice
+that cannot be converted at publish time) and CompareError (shadow/compare.py: `compare` exits 2).
 """
 
 from __future__ import annotations
 
-from grpc import StatusCode
-
 
 class PredictorError(Exception):
     http_status = 500
-    grpc_status = StatusCode.INTERNAL
+    grpc_status = "INTERNAL"
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -22,14 +26,14 @@ class BadRequest(PredictorError):
     """The request is wrong; retrying it unchanged cannot help."""
 
     http_status = 400
-    grpc_status = StatusCode.INVALID_ARGUMENT
+    grpc_status = "INVALID_ARGUMENT"
 
 
 class NotReady(PredictorError):
     """The model is not warm yet, or the server is draining: try another replica or later."""
 
     http_status = 503
-    grpc_status = StatusCode.UNAVAILABLE
+    grpc_status = "UNAVAILABLE"
 
 
 class StorageError(PredictorError):
@@ -67,7 +71,7 @@ class OutputError(PredictorError):
     then dead-letters; the upload was multipart-aborted or never completed, so nothing half-written is visible."""
 
     http_status = 502
-    grpc_status = StatusCode.UNAVAILABLE
+    grpc_status = "UNAVAILABLE"
 
 
 class OutputUnavailable(OutputError):
@@ -84,11 +88,11 @@ class Overloaded(PredictorError):
     """The queue is full, or the request waited in it past REQUEST_TIMEOUT_S: shed, don't queue forever."""
 
     http_status = 503
-    grpc_status = StatusCode.UNAVAILABLE
+    grpc_status = "UNAVAILABLE"
 
     def __init__(self, message: str, retry_after_s: int):
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
-    def __reduce__(self):  # picklable with both arguments
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # picklable with both arguments
         return (type(self), (self.message, self.retry_after_s))

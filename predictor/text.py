@@ -1,22 +1,18 @@
-"""Text preparation for synthesis, and click-free joining of the audio synthesized from it.
+"""Text preparation for synthesis: normalization and sentence-sized segments.
 
-A request's text goes through three steps:
+A request's text goes through two steps here (audio/crossfade.py joins the audio of the segments):
 
 1. ``normalize`` makes it something espeak-ng reads well (typographic quotes and dashes, control
    characters, whitespace), keeping line breaks because they separate segments.
 2. ``iter_segments`` cuts it into sentence-sized segments of at most ``max_chars`` characters, lazily,
    so a long text is synthesized (and streamed) one segment at a time instead of all at once.
-3. ``CrossfadeJoiner`` overlaps the end of each synthesized segment with the start of the next one,
-   emitting audio as soon as it is final, so the joins neither click nor need the whole text's audio.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator
-
-import numpy as np
+from collections.abc import Iterator
 
 # --- normalization ---------------------------------------------------------------------------------
 
@@ -285,83 +281,3 @@ def _hard_cut(text: str, start: int, max_chars: int) -> int:
     while cut > start + 1 and unicodedata.combining(text[cut]):
         cut -= 1
     return cut
-
-
-# --- joining ---------------------------------------------------------------------------------------
-
-_MS_PER_SECOND = 1000.0
-
-
-def _fade_in(length: int) -> np.ndarray:
-    """Raised-cosine gain rising from ~0 to ~1; ``1 - _fade_in(n)`` is the matching fade-out.
-
-    The two gains sum to exactly 1 at every sample (unlike equal-power's, whose squares do). For
-    correlated material, which is what a join of one voice usually is (the same stationary signal on
-    both sides, or near-silence at the ends VITS produces), summing to 1 keeps the level constant, where
-    equal-power would bump it by up to 3 dB mid-join. The cosine shape, unlike a linear ramp, starts and
-    ends with zero slope, so the gain itself introduces no corner. Sampling at (i + 0.5) / n keeps the
-    curve symmetric and spends no sample on a gain of exactly 0 or 1.
-    """
-    phase = (np.arange(length, dtype=np.float64) + 0.5) / length
-    return (0.5 - 0.5 * np.cos(np.pi * phase)).astype(np.float32)
-
-
-class CrossfadeJoiner:
-    """Joins synthesized segments as they arrive, overlapping each join with a raised-cosine crossfade.
-
-    ``push`` returns the audio that is final now: everything except the last ``fade`` samples, held back
-    to overlap the head of the next segment. ``finish`` returns what is held. Concatenating every
-    ``push`` result and the ``finish`` result gives exactly ``join(segments)``.
-
-    Each join overlaps ``min(fade, held, len(segment))`` samples, ``held`` being ``min(fade, audio so
-    far)``: a segment shorter than the fade shortens its fades rather than failing. So the total length
-    is ``sum(len(s)) - (n - 1) * fade`` when every segment is at least ``fade`` samples long.
-    """
-
-    def __init__(self, sample_rate: int, fade_ms: float = 50.0):
-        if sample_rate <= 0:
-            raise ValueError(f"sample_rate must be positive, got {sample_rate}")
-        if fade_ms < 0:
-            raise ValueError(f"fade_ms must not be negative, got {fade_ms}")
-        self.sample_rate = sample_rate
-        self.fade_samples = round(sample_rate * fade_ms / _MS_PER_SECOND)
-        self._held: np.ndarray | None = None
-
-    def push(self, segment: np.ndarray) -> np.ndarray:
-        """Add the next segment (mono float audio); return the audio that can be emitted now."""
-        audio = _as_mono_float32(segment)
-        if self._held is None:
-            stream = audio
-            ready = np.empty(0, dtype=np.float32)
-        else:
-            overlap = min(len(self._held), len(audio))
-            kept = len(self._held) - overlap
-            ready = self._held[:kept]
-            gain_in = _fade_in(overlap)
-            mixed = self._held[kept:] * (np.float32(1.0) - gain_in) + audio[:overlap] * gain_in
-            stream = np.concatenate([mixed, audio[overlap:]])
-        split = max(0, len(stream) - self.fade_samples)
-        # Copies: the caller may reuse its buffer, and the held tail must outlive this call.
-        self._held = stream[split:].copy()
-        return np.concatenate([ready, stream[:split]]).astype(np.float32, copy=True)
-
-    def finish(self) -> np.ndarray:
-        """Return the held tail, ending this stream; the joiner can then start a new one."""
-        held = self._held if self._held is not None else np.empty(0, dtype=np.float32)
-        self._held = None
-        return held
-
-
-def join(segments: Iterable[np.ndarray], sample_rate: int, fade_ms: float = 50.0) -> np.ndarray:
-    """All ``segments`` crossfaded into one array (see ``CrossfadeJoiner`` for the overlap and length)."""
-    joiner = CrossfadeJoiner(sample_rate, fade_ms)
-    parts = [joiner.push(segment) for segment in segments]
-    parts.append(joiner.finish())
-    return np.concatenate(parts)
-
-
-def _as_mono_float32(segment: np.ndarray) -> np.ndarray:
-    audio = np.asarray(segment, dtype=np.float32)
-    if audio.ndim != 1:
-        raise ValueError(f"expected mono 1-D audio, got shape {audio.shape}")
-    return audio

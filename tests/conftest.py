@@ -19,7 +19,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import Child, wait_until
-from predictor.artifact import build_default_voice, publish
+from predictor.artifact.publish import build_default_voice, publish
 
 VOICE_URI = "s3://voices/en_US-joe-medium"
 

@@ -14,11 +14,11 @@ import pytest
 import soundfile
 import torch
 
-from predictor import device as devices
 from predictor.config import ConfigError, load_settings
-from predictor.engine import SynthesisParams
-from predictor.engine.native import TorchEngine
+from predictor.engine import device as devices
+from predictor.engine.base import SynthesisParams
 from predictor.engine.onnx import OnnxEngine
+from predictor.engine.torch import TorchEngine
 from predictor.errors import BadRequest, EngineError
 
 QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
@@ -222,10 +222,10 @@ def test_invalid_engine_settings_name_the_variable(overrides, variable):
 
 
 def test_onnx_engine_refuses_torch_only_settings():
-    from predictor import engine
+    from predictor.engine import factory as engines
 
     with pytest.raises(EngineError, match="ENGINE=torch only"):
-        engine.create(load_settings(engine="onnx", dtype="bf16"))
+        engines.create(load_settings(engine="onnx", dtype="bf16"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on a lent GPU machine)")

@@ -27,7 +27,7 @@ from conftest import aws_env_for, v2_request
 
 from predictor.config import Settings
 from predictor.errors import OutputError
-from predictor.outputs import EncodedAudio, OutputStore, event_key, parse_output_uri
+from predictor.events.outputs import EncodedAudio, OutputStore, event_key, parse_output_uri
 
 REQUEST_TYPE = "dev.tts-predictor.synthesize.v1"
 REPLY_TYPE = "dev.tts-predictor.synthesized.v1"

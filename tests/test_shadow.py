@@ -29,8 +29,12 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as grpc_predict_v2_pb2_grpc
 
 from bench import nginx
-from predictor import cli, compare, metrics, shadow
+from predictor import cli
+from predictor.audio import fingerprint
 from predictor.config import load_settings
+from predictor.observability import metrics
+from predictor.shadow import compare
+from predictor.shadow import recorder as records
 
 SR = 22050
 
@@ -60,8 +64,8 @@ def record(rid: str, revision: str, audio: np.ndarray, *, latency_s: float = 0.5
         "audio_s": len(audio) / SR if ok else None,
         "sample_rate": SR if ok else None,
         "items": 1,
-        "text_sha256": shadow.text_sha256([rid]),
-        "mcep": shadow.fingerprint(audio, SR).tolist() if ok else None,
+        "text_sha256": records.text_sha256([rid]),
+        "mcep": fingerprint.fingerprint(audio, SR).tolist() if ok else None,
     }
 
 
@@ -112,22 +116,22 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 # --- the fingerprint -------------------------------------------------------------------------
 def test_fingerprint_has_a_fixed_shape_whatever_the_audio_length():
-    short = shadow.fingerprint(voiced(0, seconds=0.01), SR)  # shorter than one analysis window
-    long = shadow.fingerprint(voiced(0, seconds=12.0), SR)
+    short = fingerprint.fingerprint(voiced(0, seconds=0.01), SR)  # shorter than one analysis window
+    long = fingerprint.fingerprint(voiced(0, seconds=12.0), SR)
 
-    assert short.shape == long.shape == (shadow.FRAMES, shadow.N_CEPS)
+    assert short.shape == long.shape == (fingerprint.FRAMES, fingerprint.N_CEPS)
     assert np.isfinite(short).all() and np.isfinite(long).all()
 
 
 def test_spectral_distance_is_zero_for_the_same_audio_and_grows_with_distortion():
     clean = voiced(1)
     noise = np.random.default_rng(0).normal(0, 1, len(clean)).astype(np.float32)
-    fp = shadow.fingerprint(clean, SR)
+    fp = fingerprint.fingerprint(clean, SR)
 
-    same = shadow.mel_cepstral_distortion(fp, shadow.fingerprint(clean.copy(), SR))
-    louder = shadow.mel_cepstral_distortion(fp, shadow.fingerprint(2 * clean, SR))
-    slight = shadow.mel_cepstral_distortion(fp, shadow.fingerprint(clean + 0.002 * noise, SR))
-    heavy = shadow.mel_cepstral_distortion(fp, shadow.fingerprint(clean + 0.05 * noise, SR))
+    same = fingerprint.mel_cepstral_distortion(fp, fingerprint.fingerprint(clean.copy(), SR))
+    louder = fingerprint.mel_cepstral_distortion(fp, fingerprint.fingerprint(2 * clean, SR))
+    slight = fingerprint.mel_cepstral_distortion(fp, fingerprint.fingerprint(clean + 0.002 * noise, SR))
+    heavy = fingerprint.mel_cepstral_distortion(fp, fingerprint.fingerprint(clean + 0.05 * noise, SR))
 
     assert same == 0.0
     assert louder < 0.01, "overall level (c0) is not part of the distance"
@@ -146,15 +150,15 @@ class ListSink:
         self.batches.append([json.loads(line) for line in body.splitlines()])
 
 
-def _capture(text: str) -> shadow.Capture:
-    c = shadow.Capture()
+def _capture(text: str) -> records.Capture:
+    c = records.Capture()
     c.add([text], [voiced(len(text))], SR)
     return c
 
 
 def test_recorder_writes_full_batches_then_the_rest_when_they_are_old_enough():
     sink = ListSink()
-    recorder = shadow.Recorder(sink, "rev", batch_records=3, flush_s=0.3, queue_size=100)
+    recorder = records.Recorder(sink, "rev", batch_records=3, flush_s=0.3, queue_size=100)
 
     for i in range(7):
         recorder.submit(f"id{i}", "/v2/models/{model_name}/infer", 200, 0.1, _capture(f"text {i}"))
@@ -166,13 +170,13 @@ def test_recorder_writes_full_batches_then_the_rest_when_they_are_old_enough():
     assert [len(b) for b in sink.batches] == [3, 3, 1]
     first = sink.batches[0][0]
     assert first["id"] == "id0" and first["revision"] == "rev" and first["status"] == 200
-    assert first["text_sha256"] == shadow.text_sha256(["text 0"])
-    assert np.asarray(first["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+    assert first["text_sha256"] == records.text_sha256(["text 0"])
+    assert np.asarray(first["mcep"]).shape == (fingerprint.FRAMES, fingerprint.N_CEPS)
 
 
 def test_full_queue_drops_records_instead_of_slowing_the_request():
     gate = threading.Event()  # the sink hangs until released, as a stalled S3 would
-    recorder = shadow.Recorder(ListSink(gate), "rev", batch_records=1, flush_s=60, queue_size=2)
+    recorder = records.Recorder(ListSink(gate), "rev", batch_records=1, flush_s=60, queue_size=2)
     dropped = metrics.SHADOW_RECORDS.labels("dropped")
     before = dropped._value.get()
 
@@ -271,7 +275,7 @@ def test_canary_errors_fail_naming_error_rate(capsys, stable_file, tmp_path):
 def test_matched_ids_with_different_texts_fail_saying_ids_are_not_unique(capsys, stable_file, tmp_path):
     def other_text(i: int) -> dict:
         r = record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i])
-        return {**r, "text_sha256": shadow.text_sha256([f"something else {i}"])} if i == 3 else r
+        return {**r, "text_sha256": records.text_sha256([f"something else {i}"])} if i == 3 else r
 
     code, out, _ = run_compare(
         capsys, "--stable", str(stable_file), "--canary", str(canary(tmp_path, other_text))
@@ -405,9 +409,9 @@ def test_stdout_sink_prints_one_record_per_synthesis_request_errors_included(std
     assert (
         ok["audio_s"] > 0.5
         and ok["sample_rate"] == 22050
-        and ok["text_sha256"] == shadow.text_sha256(["Keep a record."])
+        and ok["text_sha256"] == records.text_sha256(["Keep a record."])
     )
-    assert np.asarray(ok["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+    assert np.asarray(ok["mcep"]).shape == (fingerprint.FRAMES, fingerprint.N_CEPS)
     assert "Keep a record" not in json.dumps(ok), "the text itself must not leave the pod"
     assert bad["status"] == 400 and bad["mcep"] is None
     assert probe_id not in by_id, "probes are not synthesis requests"
@@ -442,7 +446,7 @@ def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor)
     got = _wait_for_records(stdout_predictor, "grpc-infer-1")["grpc-infer-1"]
 
     assert got["route"] == "grpc:ModelInfer" and got["status"] == 200 and got["audio_s"] > 0.3
-    assert got["text_sha256"] == shadow.text_sha256(["Over gRPC."])
+    assert got["text_sha256"] == records.text_sha256(["Over gRPC."])
 
 
 def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predictor):
@@ -458,8 +462,8 @@ def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predict
     for rid, response in (("speech-1", whole), ("speech-2", streamed)):
         record = got[rid]
         assert record["route"] == "/v1/audio/speech" and record["items"] == 2
-        assert record["text_sha256"] == shadow.text_sha256(["First sentence here.", "And a second one."])
-        assert np.asarray(record["mcep"]).shape == (shadow.FRAMES, shadow.N_CEPS)
+        assert record["text_sha256"] == records.text_sha256(["First sentence here.", "And a second one."])
+        assert np.asarray(record["mcep"]).shape == (fingerprint.FRAMES, fingerprint.N_CEPS)
         # Segments are recorded as synthesized, before the crossfade shortens each join a little.
         assert record["audio_s"] == pytest.approx(len(response.content) / 2 / 22050, abs=0.2)
 
@@ -513,7 +517,7 @@ def test_s3_sink_writes_batches_and_the_tail_on_sigterm(start_predictor, s3_serv
     records = {r["id"]: r for batch in after_stop for r in batch}
     assert sorted(records) == sorted(sent)
     assert records["s3-6"]["status"] == 400
-    assert records["s3-2"]["text_sha256"] == shadow.text_sha256(["Batch record number 2."])
+    assert records["s3-2"]["text_sha256"] == records.text_sha256(["Batch record number 2."])
     assert {r["revision"] for r in records.values()} == {"rev-s3"}
     assert dropped == 0
 

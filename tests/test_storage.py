@@ -16,9 +16,13 @@ from urllib.parse import urlsplit
 import boto3
 import pytest
 
-from predictor.artifact import MANIFEST, Manifest, ManifestFile, publish, safe_join
+from predictor.artifact.download import MiB
+from predictor.artifact.fetch import fetch
+from predictor.artifact.manifest import MANIFEST, Manifest, ManifestFile, safe_join
+from predictor.artifact.publish import publish
+from predictor.artifact.verified import VERIFIED_DIR
 from predictor.errors import ArtifactNotFound, IntegrityError, StorageError, TransientStorageError, UnsafePath
-from predictor.storage import VERIFIED_DIR, MiB, fetch, parse_uri
+from predictor.storage.uri import parse_uri
 
 VOICE_FILES = {"model.onnx", "config.json", "MODEL_CARD", "model.safetensors", "vits.json"}
 

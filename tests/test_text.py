@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from predictor.text import CrossfadeJoiner, iter_segments, join, normalize, split_segments
+from predictor.audio.crossfade import CrossfadeJoiner, join
+from predictor.text import iter_segments, normalize, split_segments
 
 SAMPLE_RATE = 22050
 FADE_MS = 50.0

@@ -28,8 +28,8 @@ from predictor.engine.convert import (
     onnx_to_state_dict,
     write_safetensors,
 )
+from predictor.engine.phonemes import sentence_ids
 from predictor.engine.vits import Vits, VitsConfig
-from predictor.phonemes import sentence_ids
 
 TEXTS = {
     "one_word": "Hello.",

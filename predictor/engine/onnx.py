@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from predictor import phonemes
-from predictor.engine import PiperEngine, SynthesisParams
-from predictor.errors import BadRequest, EngineError
+from predictor.engine import phonemes
+from predictor.engine.base import PiperEngine, SynthesisParams
+from predictor.errors import EngineError
 
 
 class OnnxEngine(PiperEngine):
@@ -52,8 +52,7 @@ class OnnxEngine(PiperEngine):
             raise EngineError(f"cannot load {model_dir / 'model.onnx'}: {exc}") from exc
 
     def _speaker_id(self, voice: str | None) -> int | None:
-        if voice is not None and voice != self.voice.name and voice not in self.voice.speakers:
-            raise BadRequest(f"unknown voice {voice!r}; this model serves {self.voices}")
+        self.check_voice(voice)
         if self.voice.num_speakers <= 1:
             return None
         return self.voice.speakers.get(voice, 0) if voice else 0

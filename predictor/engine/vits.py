@@ -844,17 +844,3 @@ class Vits(nn.Module):
         if padded:
             audio = audio * sequence_mask(audio_lengths, audio.size(1)).to(audio.dtype)
         return VitsOutput(audio, audio_lengths, w_ceil[:, 0])
-
-    def forward(
-        self,
-        phoneme_ids: torch.Tensor,
-        lengths: torch.Tensor,
-        noise_scale: float,
-        length_scale: float,
-        noise_w: float,
-        generator: GeneratorArg = None,
-        noise: dict | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (audio [B, S] float32, audio_lengths [B] long); see infer()."""
-        out = self.infer(phoneme_ids, lengths, noise_scale, length_scale, noise_w, generator, noise)
-        return out.audio, out.audio_lengths

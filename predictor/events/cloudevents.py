@@ -29,12 +29,11 @@ from typing import Any
 from cloudevents.exceptions import GenericException as CloudEventError
 from cloudevents.http import CloudEvent, from_http, to_binary, to_structured
 
-from predictor import audio
+from predictor.audio import codecs
 from predictor.config import Settings
-from predictor.endpoints import decode_texts, parse_params
-from predictor.engine import SynthesisParams
+from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest, ReplyTooLarge
-from predictor.outputs import (
+from predictor.events.outputs import (
     Completion,
     EncodedAudio,
     OutputStore,
@@ -43,7 +42,8 @@ from predictor.outputs import (
     now_iso,
     parse_output_uri,
 )
-from predictor.service import TTSService
+from predictor.serving.params import decode_texts, parse_params
+from predictor.serving.service import TTSService
 
 STRUCTURED = "application/cloudevents+json"
 DEFAULT_FORMAT = "wav"
@@ -63,7 +63,7 @@ class SynthesisEvent:
     binary: bool
     text: str
     params: SynthesisParams
-    format: audio.Format
+    format: codecs.Format
     output: OutputTarget | None
     data_sha256: str  # of the data as canonical JSON: tells a redelivery with other data apart
 
@@ -101,11 +101,11 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     )
 
 
-def _format(name: Any) -> audio.Format:
-    supported = audio.supported_formats()
+def _format(name: Any) -> codecs.Format:
+    supported = codecs.supported_formats()
     if not isinstance(name, str) or name not in supported:
         raise BadRequest(f"data.format {name!r} is not supported; supported: {', '.join(supported)}")
-    return audio.FORMATS[name]
+    return codecs.FORMATS[name]
 
 
 def _json_data(raw: bytes | str | None):
@@ -149,12 +149,12 @@ async def _synthesize(request: SynthesisEvent, service: TTSService) -> EncodedAu
     result = await service.synthesize([request.text], request.params)
     fmt = request.format
     # Encoding (MP3, Opus) costs CPU time: off the event loop, like synthesis.
-    data = await asyncio.to_thread(audio.encode, result.audio[0], result.sample_rate, fmt.name)
+    data = await asyncio.to_thread(codecs.encode, result.audio[0], result.sample_rate, fmt.name)
     return EncodedAudio(
         data=data,
         format=fmt.name,
         media_type=fmt.media_type,
-        sample_rate=audio.output_sample_rate(fmt, result.sample_rate),
+        sample_rate=codecs.output_sample_rate(fmt, result.sample_rate),
         audio_seconds=round(result.audio_seconds, 4),
     )
 

@@ -1,26 +1,13 @@
-"""Fetch an artifact into MODEL_DIR: what a pod does at cold start.
-
-The manifest is read first and every path in it checked before anything is written. Files already in
-MODEL_DIR with the right size and sha256 are kept, so a restarted container downloads nothing. The rest
-is fetched as ranged GETs of all files through one thread pool, written with ``pwrite`` into a hidden
-temp file next to the target, verified, and renamed into place: the final path never holds a partial or
-corrupt file. ``manifest.json`` is written into MODEL_DIR last, so its presence means "complete".
-
-Endpoint and credentials come from the standard AWS_* environment variables, which boto3 reads itself;
-nothing here reads or logs them.
-"""
+"""Ranged, parallel, resumable downloads from S3 or a local directory, verified as they land."""
 
 from __future__ import annotations
 
-import errno
 import glob
 import hashlib
-import json
 import logging
 import os
 import random
 import re
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,188 +15,32 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
-from urllib.parse import unquote, urlsplit
+from typing import Any, Protocol, TypeVar
 
-from predictor.artifact import (
-    MANIFEST,
-    Manifest,
-    ManifestFile,
-    atomic_write_bytes,
-    fsync_dir,
-    resolve_files,
-    safe_join,
-    sha256_file,
-    temp_path_for,
-)
+from predictor.artifact.manifest import MANIFEST, ManifestFile, safe_join
+from predictor.artifact.verified import Markers
 from predictor.errors import ArtifactNotFound, IntegrityError, StorageError, TransientStorageError
+from predictor.storage.files import fsync_dir, preallocate, pwrite_all, temp_path_for
+from predictor.storage.s3 import failure, s3_client
+from predictor.storage.uri import object_key, parse_uri
 
 log = logging.getLogger("predictor.storage")
 
+
 MiB = 1024 * 1024
-VERIFIED_DIR = ".verified"
-SOURCE = "source.json"  # under VERIFIED_DIR: the URI the artifact in MODEL_DIR was fetched from
+
+
 # Unit of streaming: bounds memory per in-flight part and sets the progress granularity.
 _CHUNK = 1024 * 1024
-_THROTTLED = {
-    "SlowDown",
-    "Throttling",
-    "ThrottlingException",
-    "RequestTimeout",
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestLimitExceeded",
-}
+
+
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
+
 T = TypeVar("T")
+
+
 ByteCallback = Callable[[int], None]
-
-
-@dataclass
-class FetchReport:
-    files_total: int
-    files_downloaded: int
-    files_skipped: int
-    bytes_downloaded: int
-    seconds: float
-
-
-def parse_uri(uri: str) -> tuple[str, str, str]:
-    """Split a storage URI into (scheme, bucket_or_root, prefix).
-
-    ``s3://bucket/prefix`` -> ("s3", "bucket", "prefix"); ``file:///abs/path`` and plain paths ->
-    ("file", "/abs/path", "").
-    """
-    expected = "expected s3://bucket/prefix, file:///absolute/path or a plain path"
-    if not uri:
-        raise StorageError(f"empty storage URI; {expected}")
-    parts = urlsplit(uri)
-    if parts.scheme == "s3":
-        if not parts.netloc:
-            raise StorageError(f"storage URI {uri!r} names no bucket; {expected}")
-        if parts.query or parts.fragment:
-            raise StorageError(f"storage URI {uri!r} has a query or fragment; {expected}")
-        return "s3", parts.netloc, parts.path.strip("/")
-    if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path:
-            raise StorageError(f"storage URI {uri!r} is not a local absolute path; {expected}")
-        return "file", unquote(parts.path), ""
-    if parts.scheme == "":
-        return "file", os.path.abspath(uri), ""
-    raise StorageError(f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}; {expected}")
-
-
-def object_key(prefix: str, rel: str) -> str:
-    return f"{prefix}/{rel}" if prefix else rel
-
-
-def s3_client(*, concurrency: int, endpoint_url: str | None = None):
-    """One S3 client for all threads (boto3 clients are thread-safe), with a connection per worker.
-
-    botocore's own retries are off (one attempt in total): fetch retries per part and resumes where a
-    dropped stream stopped, which botocore cannot do.
-    """
-    import boto3
-    from botocore.config import Config
-
-    config = Config(
-        max_pool_connections=concurrency + 2,
-        retries={"total_max_attempts": 1},
-        connect_timeout=10,
-        read_timeout=60,
-    )
-    # A session of our own: the default one behind boto3.client() is shared process-wide state.
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
-
-
-def fetch(
-    uri: str,
-    model_dir: Path,
-    *,
-    concurrency: int = 8,
-    part_size: int = 8 * MiB,
-    retries: int = 5,
-    backoff_s: float = 0.2,
-    progress: ByteCallback | None = None,
-    on_bytes: ByteCallback | None = None,
-    endpoint_url: str | None = None,
-    engine: str | None = None,
-) -> tuple[Manifest, FetchReport]:
-    """Make ``model_dir`` hold the verified artifact at ``uri``; returns its manifest and what was done.
-
-    ``progress`` and ``on_bytes`` are both called with the number of bytes just written, as they
-    arrive (e.g. a tqdm bar and a metrics counter). Calls are serialized, so neither needs a lock.
-    ``endpoint_url`` overrides AWS_ENDPOINT_URL. Retryable failures (connections, short bodies, 5xx,
-    throttling) are retried ``retries`` times per part with exponential backoff starting at
-    ``backoff_s``, then raise TransientStorageError. With ``engine``, only the files that engine
-    reads are fetched (the manifest's per-file ``engines``).
-    """
-    if concurrency < 1 or part_size < 1 or retries < 0 or backoff_s < 0:
-        raise ValueError("concurrency and part_size must be >= 1, retries and backoff_s >= 0")
-    started = time.monotonic()
-    model_dir = Path(model_dir)
-    restarted = _verified_earlier(uri, model_dir, engine)
-    if restarted is not None:
-        wanted = len(restarted.files_for(engine))
-        report = FetchReport(wanted, 0, wanted, 0, time.monotonic() - started)
-        log.info(
-            "%s %s from %s is already in %s and verified; nothing to fetch",
-            restarted.name,
-            restarted.version,
-            uri,
-            model_dir,
-        )
-        return restarted, report
-    source = _open_source(uri, concurrency, endpoint_url)
-    policy = _RetryPolicy(retries, backoff_s)
-    meter = _Meter([cb for cb in (progress, on_bytes) if cb is not None])
-
-    where = source.describe(MANIFEST)
-    manifest = Manifest.loads(policy.run(source.read_manifest), source=where)
-    # Every path is checked before anything is written: a hostile manifest leaves no trace.
-    targets = [(f, t) for f, t in resolve_files(manifest, model_dir) if f in manifest.files_for(engine)]
-
-    try:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        markers = _Markers(model_dir)
-        todo = []
-        for f, target in targets:
-            if _is_current(f, target, markers):
-                log.info("skipped %s: already verified (%d bytes)", f.path, f.size)
-            else:
-                todo.append((f, target))
-        if todo:
-            # Until every file is in place, a manifest here would claim an artifact that is not.
-            (model_dir / MANIFEST).unlink(missing_ok=True)
-            _Downloader(source, markers, concurrency, part_size, policy, meter).run(todo)
-        atomic_write_bytes(model_dir / MANIFEST, manifest.dumps().encode())
-        atomic_write_bytes(model_dir / VERIFIED_DIR / SOURCE, json.dumps({"uri": uri}).encode())
-    except OSError as exc:
-        # Network errors were translated by the source, so an OSError here is the local disk.
-        raise StorageError(f"writing into {model_dir} failed: {exc}") from exc
-
-    report = FetchReport(
-        files_total=len(targets),
-        files_downloaded=len(todo),
-        files_skipped=len(targets) - len(todo),
-        bytes_downloaded=meter.total,
-        seconds=time.monotonic() - started,
-    )
-    log.info(
-        "fetched %s %s from %s: %d downloaded (%d bytes), %d skipped, %.2fs",
-        manifest.name,
-        manifest.version,
-        uri,
-        report.files_downloaded,
-        report.bytes_downloaded,
-        report.files_skipped,
-        report.seconds,
-    )
-    return manifest, report
-
-
-# --- retries -------------------------------------------------------------------------------------
 
 
 class _Retryable(Exception):
@@ -221,7 +52,7 @@ class _Cancelled(Exception):
 
 
 @dataclass(frozen=True)
-class _RetryPolicy:
+class RetryPolicy:
     retries: int
     backoff_s: float
 
@@ -247,9 +78,6 @@ class _RetryPolicy:
                 self.pause(exc, failures)
 
 
-# --- sources -------------------------------------------------------------------------------------
-
-
 class _Source(Protocol):
     def describe(self, rel: str) -> str: ...
 
@@ -260,7 +88,7 @@ class _Source(Protocol):
         ...
 
 
-def _open_source(uri: str, concurrency: int, endpoint_url: str | None) -> _Source:
+def open_source(uri: str, concurrency: int, endpoint_url: str | None) -> _Source:
     scheme, where, prefix = parse_uri(uri)
     if scheme == "s3":
         return _S3Source(s3_client(concurrency=concurrency, endpoint_url=endpoint_url), where, prefix)
@@ -331,20 +159,17 @@ class _S3Source:
             raise _Retryable(f"{where}: {exc}") from exc
 
 
-def _classify(exc, where: str) -> Exception:
-    error = exc.response.get("Error", {})
-    code = str(error.get("Code", ""))
-    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-    detail = f"{code or status} {error.get('Message', '')}".strip()
-    if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound", "404"):
-        return ArtifactNotFound(f"{where} not found ({detail})")
-    if status == 403 or code in ("AccessDenied", "403"):
-        return StorageError(f"{where}: access denied ({detail}); check the credentials and bucket policy")
-    if status == 416 or code == "InvalidRange":
-        return IntegrityError(f"{where}: object is shorter than the manifest says ({detail})")
-    if status >= 500 or status == 429 or code in _THROTTLED:
-        return _Retryable(f"{where}: {detail}")
-    return StorageError(f"{where}: {detail}")
+def _classify(exc: Any, where: str) -> Exception:
+    f = failure(exc)
+    if f.not_found:
+        return ArtifactNotFound(f"{where} not found ({f.detail})")
+    if f.denied:
+        return StorageError(f"{where}: access denied ({f.detail}); check the credentials and bucket policy")
+    if f.bad_range:
+        return IntegrityError(f"{where}: object is shorter than the manifest says ({f.detail})")
+    if f.busy:
+        return _Retryable(f"{where}: {f.detail}")
+    return StorageError(f"{where}: {f.detail}")
 
 
 class _LocalSource:
@@ -386,93 +211,7 @@ class _LocalSource:
             os.close(fd)
 
 
-# --- verified markers ----------------------------------------------------------------------------
-
-
-class _Markers:
-    """``.verified/<path>.sha256``: proof a file was hashed, valid while its stat is unchanged.
-
-    Re-hashing 60 MB on every container restart is what this avoids. ctime and inode are recorded next
-    to size and mtime because a user can set mtime back (touch -d) but not ctime.
-    """
-
-    def __init__(self, model_dir: Path):
-        self._root = model_dir.resolve() / VERIFIED_DIR
-
-    def _path(self, f: ManifestFile) -> Path:
-        return safe_join(self._root, f.path + ".sha256")
-
-    def matches(self, f: ManifestFile, st: os.stat_result) -> bool:
-        try:
-            saved = json.loads(self._path(f).read_text())
-        except (OSError, ValueError):
-            return False
-        return saved == _marker_fields(f.sha256, st)
-
-    def write(self, f: ManifestFile, target: Path) -> None:
-        fields = _marker_fields(f.sha256, target.stat())
-        atomic_write_bytes(self._path(f), json.dumps(fields).encode())
-
-
-def _marker_fields(sha256: str, st: os.stat_result) -> dict:
-    return {
-        "sha256": sha256,
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "ctime_ns": st.st_ctime_ns,
-        "ino": st.st_ino,
-    }
-
-
-def _verified_earlier(uri: str, model_dir: Path, engine: str | None) -> Manifest | None:
-    """The artifact a previous container of this pod fetched from the same URI, if still intact.
-
-    An emptyDir lives as long as its pod, and a pod's STORAGE_URI cannot change, so a container
-    restarted in the same pod finds here exactly what it would fetch (KServe's storage initializer
-    likewise runs once per pod). Trusting it skips boto3, the network and every hash: only the
-    markers' size/mtime/ctime/inode are compared. Anything missing or touched -> the normal fetch.
-    """
-    try:
-        if json.loads((model_dir / VERIFIED_DIR / SOURCE).read_text())["uri"] != uri:
-            return None
-        manifest = Manifest.load(model_dir / MANIFEST)
-    except (OSError, ValueError, KeyError, TypeError, StorageError):
-        return None
-    markers = _Markers(model_dir)
-    try:
-        for f, target in resolve_files(manifest, model_dir):
-            if f not in manifest.files_for(engine):
-                continue
-            st = target.stat()
-            if not stat.S_ISREG(st.st_mode) or not markers.matches(f, st):
-                return None
-    except (OSError, StorageError):
-        return None
-    return manifest
-
-
-def _is_current(f: ManifestFile, target: Path, markers: _Markers) -> bool:
-    """True when ``target`` already holds exactly ``f``."""
-    try:
-        st = target.stat()
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
-        return False
-    if markers.matches(f, st):
-        return True
-    # No marker, or the file changed since it was verified: the content decides.
-    if sha256_file(target) != f.sha256:
-        log.info("%s differs from the manifest; downloading it again", f.path)
-        return False
-    markers.write(f, target)
-    return True
-
-
-# --- parallel download ---------------------------------------------------------------------------
-
-
-class _Meter:
+class Meter:
     """Counts bytes written and forwards them to the callbacks, one call at a time."""
 
     def __init__(self, callbacks: list[ByteCallback]):
@@ -557,15 +296,15 @@ def _ranges(size: int, part_size: int) -> list[tuple[int, int]]:
     return [(start, min(start + part_size, size) - 1) for start in range(0, size, part_size)]
 
 
-class _Downloader:
+class Downloader:
     def __init__(
         self,
         source: _Source,
-        markers: _Markers,
+        markers: Markers,
         concurrency: int,
         part_size: int,
-        policy: _RetryPolicy,
-        meter: _Meter,
+        policy: RetryPolicy,
+        meter: Meter,
     ):
         self._source = source
         self._markers = markers
@@ -611,7 +350,7 @@ class _Downloader:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         job = _Job(file=f, target=target, tmp=tmp, fd=fd, remaining=parts)
         try:
-            _preallocate(fd, f.size)
+            preallocate(fd, f.size)
         except BaseException:
             job.discard()
             raise
@@ -630,7 +369,7 @@ class _Downloader:
                         raise StorageError(
                             f"{self._source.describe(job.file.path)}: got more bytes than range {start}-{end}"
                         )
-                    _pwrite_all(job.fd, chunk, pos)
+                    pwrite_all(job.fd, chunk, pos)
                     pos += len(chunk)
                     self._meter(len(chunk))
                 if pos <= end:
@@ -673,23 +412,3 @@ class _Downloader:
         fsync_dir(job.target.parent)
         self._markers.write(f, job.target)
         log.info("downloaded %s (%d bytes) in %.2fs", f.path, f.size, time.monotonic() - job.started)
-
-
-def _preallocate(fd: int, size: int) -> None:
-    """Reserve the space now, so a too-small emptyDir fails at the start rather than minutes in."""
-    if size == 0:
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            raise
-        os.ftruncate(fd, size)  # filesystem cannot reserve: a sparse file of the right size will do
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from predictor import metrics
-from predictor.engine import SynthesisParams
+from predictor.engine.base import SynthesisParams
 from predictor.errors import Overloaded
+from predictor.observability import metrics
 
 log = logging.getLogger("predictor.batcher")
 

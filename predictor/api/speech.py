@@ -17,11 +17,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from predictor import audio, metrics, text
+from predictor import text
+from predictor.audio import codecs, crossfade
 from predictor.config import Settings
-from predictor.engine import SynthesisParams
+from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
-from predictor.service import TTSService
+from predictor.observability import metrics
+from predictor.serving.service import TTSService
 
 # OpenAI's documented range for `speed`; our length_scale is its inverse.
 SPEED_RANGE = (0.25, 4.0)
@@ -59,18 +61,18 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
             raise BadRequest(
                 f"input has {len(body.input)} characters; the limit is MAX_STREAM_TEXT_CHARS={settings.max_stream_text_chars}"
             )
-        fmt = audio.get_format(body.response_format).name
+        fmt = codecs.get_format(body.response_format).name
         params = SynthesisParams(length_scale=1.0 / body.speed, voice=body.voice)
         service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
         pieces = _speech(service, body.input, params, settings, time.monotonic())
         if body.stream:
             return StreamingResponse(
-                _encoded(pieces, fmt, service.sample_rate), media_type=audio.FORMATS[fmt].media_type
+                _encoded(pieces, fmt, service.sample_rate), media_type=codecs.FORMATS[fmt].media_type
             )
         whole = [piece async for piece in pieces]
         return Response(
-            audio.encode(np.concatenate(whole), service.sample_rate, fmt),
-            media_type=audio.FORMATS[fmt].media_type,
+            codecs.encode(np.concatenate(whole), service.sample_rate, fmt),
+            media_type=codecs.FORMATS[fmt].media_type,
         )
 
     return routes
@@ -80,7 +82,7 @@ async def _speech(
     service: TTSService, source: str, params: SynthesisParams, settings: Settings, started: float
 ) -> AsyncIterator[np.ndarray]:
     """Crossfaded PCM, one piece per segment as it is synthesized (the last piece holds the tail)."""
-    joiner = text.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
+    joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
     first = True
     for segment in text.iter_segments(text.normalize(source), settings.max_segment_chars):
         result = await service.synthesize([segment], params)
@@ -93,7 +95,7 @@ async def _speech(
 
 
 async def _encoded(pieces: AsyncIterator[np.ndarray], fmt: str, sample_rate: int) -> AsyncIterator[bytes]:
-    encoder = audio.StreamEncoder(fmt, sample_rate)
+    encoder = codecs.StreamEncoder(fmt, sample_rate)
     head = encoder.header()
     async for piece in pieces:
         chunk = head + encoder.encode_chunk(piece)

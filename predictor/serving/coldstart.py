@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,13 +25,13 @@ from predictor.config import ConfigError, Settings
 # Everything heavier (boto3, numpy, the engine's packages) is imported on the cold-start threads, so
 # they start before the main thread pays for a single one of those imports.
 if TYPE_CHECKING:
-    from predictor.artifact import Manifest
-    from predictor.engine import Engine
-    from predictor.storage import FetchReport
+    from predictor.artifact.fetch import FetchReport
+    from predictor.artifact.manifest import Manifest
+    from predictor.engine.base import Engine
 
 log = logging.getLogger("predictor.coldstart")
 
-# Whole-artifact attempts on top of the per-part retries inside storage.fetch: a file that failed
+# Whole-artifact attempts on top of the per-part retries inside fetching.fetch: a file that failed
 # its checksum is fetched again from scratch before we give up and stay not ready.
 FETCH_ATTEMPTS = 3
 
@@ -97,11 +98,11 @@ def _fetch_child(settings: Settings, conn) -> None:
 
 
 def _construct(settings: Settings) -> Engine:
-    from predictor import engine
+    from predictor.engine import factory as engines
     from predictor.errors import EngineError
 
     try:
-        return engine.create(settings)
+        return engines.create(settings)
     except EngineError as exc:
         raise ConfigError(f"ENGINE={settings.engine} DEVICE={settings.device}: {exc.message}") from exc
 
@@ -114,7 +115,7 @@ def _timed(phases: dict, name: str, step):
 
 
 def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> ColdStart:
-    from predictor import metrics
+    from predictor.observability import metrics
 
     phases: dict[str, tuple[int, int]] = {}
     manifest, report = fetching.result()
@@ -129,20 +130,17 @@ def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> Co
 
 
 def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
-    from predictor import storage
+    from predictor.artifact import fetch as fetching
     from predictor.errors import IntegrityError, TransientStorageError
 
     # Empty STORAGE_URI: the artifact is already in MODEL_DIR; it is still verified, never trusted.
     uri = settings.storage_uri or str(settings.model_dir)
     for attempt in range(1, FETCH_ATTEMPTS + 1):
         try:
-            manifest, report = storage.fetch(
+            manifest, report = fetching.fetch(
                 uri,
                 settings.model_dir,
-                concurrency=settings.fetch_concurrency,
-                part_size=settings.fetch_part_size,
-                retries=settings.fetch_retries,
-                backoff_s=settings.fetch_backoff_s,
+                **fetching.FetchOptions.from_settings(settings).as_kwargs(),
                 engine=settings.engine,
             )
             return manifest, report
@@ -152,3 +150,12 @@ def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
             log.warning("fetch attempt %d/%d failed, retrying: %s", attempt, FETCH_ATTEMPTS, exc)
             time.sleep(settings.fetch_backoff_s * 4**attempt)
     raise AssertionError("unreachable")
+
+
+def process_age_s() -> float:
+    """Seconds since this process was exec'd (from /proc), so cold start includes interpreter start."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))

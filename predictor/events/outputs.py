@@ -37,10 +37,11 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
-from predictor import metrics
 from predictor.config import Settings
 from predictor.errors import BadRequest, OutputError, OutputUnavailable, StorageError
-from predictor.storage import parse_uri, s3_client
+from predictor.observability import metrics
+from predictor.storage.s3 import failure, s3_client
+from predictor.storage.uri import parse_uri
 
 log = logging.getLogger("predictor.outputs")
 
@@ -53,7 +54,6 @@ _META_SECONDS = "tts-audio-seconds"
 _META_RATE = "tts-sample-rate"
 _META_FORMAT = "tts-format"
 # Answers that mean "storage is overloaded or briefly down", as opposed to "storage refused this".
-_BUSY_CODES = {"SlowDown", "ServiceUnavailable", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
 
 
 @dataclass(frozen=True)
@@ -316,7 +316,7 @@ class OutputStore:
                     client.abort_multipart_upload(**where, UploadId=upload_id)
                 raise
         except ClientError as exc:
-            if create_only and _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            if create_only and failure(exc).precondition_failed:
                 raise _LostRace() from exc
             raise
 
@@ -338,9 +338,6 @@ class OutputStore:
             )
 
 
-_NOT_FOUND = ("NoSuchKey", "404", "NotFound")
-
-
 def _get_json(client, bucket: str, key: str) -> dict[str, Any] | None:
     found = _unless_missing(lambda: client.get_object(Bucket=bucket, Key=key))
     return None if found is None else json.loads(found["Body"].read())
@@ -357,13 +354,9 @@ def _unless_missing(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None
     try:
         return call()
     except ClientError as exc:
-        if _code(exc) in _NOT_FOUND:
+        if failure(exc).not_found:
             return None
         raise
-
-
-def _code(exc) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 @contextmanager
@@ -382,14 +375,13 @@ def _translated(target: OutputTarget) -> Iterator[None]:
     try:
         yield
     except ClientError as exc:
-        code = _code(exc)
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        detail = f"{code or status} {exc.response.get('Error', {}).get('Message', '')}".strip()
-        if code == "NoSuchBucket":
+        f = failure(exc)
+        detail = f.detail
+        if f.code == "NoSuchBucket":
             raise BadRequest(f"{where}: bucket {target.bucket!r} does not exist") from exc
-        if status in (429, 503) or code in _BUSY_CODES:
+        if f.busy:
             raise OutputUnavailable(f"{where}: storage is busy ({detail}); retry later") from exc
-        if status == 403 or code == "AccessDenied":
+        if f.denied:
             raise OutputError(
                 f"{where}: access denied ({detail}); check the predictor's credentials and bucket policy"
             ) from exc

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictor import metrics, shadow, tracing
-from predictor.batcher import Batcher
 from predictor.config import Settings
-from predictor.engine import Engine, SynthesisParams
+from predictor.engine.base import Engine, SynthesisParams
 from predictor.errors import BadRequest, NotReady
+from predictor.observability import metrics, tracing
+from predictor.serving.batcher import Batcher
+from predictor.shadow import recorder as records
 
 log = logging.getLogger("predictor.service")
 
@@ -123,8 +124,7 @@ class TTSService:
             raise BadRequest(
                 f"parameter seed needs ENGINE=torch; ENGINE={self.engine.name} cannot seed its noise"
             )
-        if params.voice is not None and params.voice not in self.voices:
-            raise BadRequest(f"unknown voice {params.voice!r}; this model serves {self.voices}")
+        self.engine.check_voice(params.voice)
 
     async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
         if params.length_scale is None and self.settings.default_length_scale:
@@ -151,7 +151,7 @@ class TTSService:
         for i, a in enumerate(audio):
             if len(a) == 0:
                 raise BadRequest(f"text[{i}] has nothing to speak (no phonemes)")
-        shadow.capture(texts, audio, result.sample_rate)  # for this request's shadow record, if any
+        records.capture(texts, audio, result.sample_rate)  # for this request's shadow record, if any
         metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
         metrics.AUDIO_SECONDS.observe(result.audio_seconds)
         if result.audio_seconds > 0:

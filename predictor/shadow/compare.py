@@ -55,7 +55,7 @@ def _parse_jsonl(data: bytes, where: str) -> list[dict[str, Any]]:
 def load_records(uri: str) -> list[dict[str, Any]]:
     """Every record under an s3:// prefix, in a local JSONL file, or in a directory's *.jsonl files."""
     from predictor.errors import StorageError
-    from predictor.storage import parse_uri
+    from predictor.storage.uri import parse_uri
 
     try:
         scheme, root, prefix = parse_uri(uri)
@@ -77,7 +77,7 @@ def load_records(uri: str) -> list[dict[str, Any]]:
 def _load_s3(bucket: str, prefix: str, uri: str) -> list[dict[str, Any]]:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from predictor.storage import s3_client
+    from predictor.storage.s3 import s3_client
 
     client = s3_client(concurrency=4)
     records: list[dict[str, Any]] = []
@@ -165,7 +165,7 @@ def compare(
 ) -> Report:
     import numpy as np
 
-    from predictor import shadow
+    from predictor.audio import fingerprint
 
     stable, canary = _by_id(stable_records), _by_id(canary_records)
     if not stable:
@@ -189,7 +189,9 @@ def compare(
     errors = (sum(not ok(s) for s, _ in pairs) / len(pairs), sum(not ok(c) for _, c in pairs) / len(pairs))
     ratios = [c["audio_s"] / s["audio_s"] for s, c in both_ok if s.get("audio_s") and c.get("audio_s")]
     distances = [
-        shadow.mel_cepstral_distortion(np.asarray(s["mcep"]), np.asarray(c["mcep"]))  # each [FRAMES, N_CEPS]
+        fingerprint.mel_cepstral_distortion(
+            np.asarray(s["mcep"]), np.asarray(c["mcep"])
+        )  # each [FRAMES, N_CEPS]
         for s, c in both_ok
         if s.get("mcep") and c.get("mcep")
     ]
@@ -285,7 +287,7 @@ def write_png(report: Report, out: Path) -> None:
     matplotlib.use("Agg")  # no display in CI
     import matplotlib.pyplot as plt
 
-    from predictor.artifact import atomic_write_bytes
+    from predictor.storage.files import atomic_write_bytes
 
     fig, (ax_lat, ax_mcd) = plt.subplots(1, 2, figsize=(11, 4))
     for name, xs in (("stable", report.latencies[0]), ("canary", report.latencies[1])):

@@ -25,10 +25,6 @@ class DevicePlan:
     decoder_dtype: torch.dtype
     threads: int
 
-    @property
-    def is_cuda(self) -> bool:
-        return self.device.type == "cuda"
-
 
 def plan(device: str, dtype: str, threads: int, gpu_memory_fraction: float = 0.0) -> DevicePlan:
     """Resolve DEVICE/DTYPE/CPU_THREADS/GPU_MEMORY_FRACTION into a plan, applying process-wide knobs."""

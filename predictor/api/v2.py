@@ -1,137 +1,40 @@
-"""Wire formats: KServe v2 (REST and gRPC) through a KServe Model, v1 predict, and model metadata.
-
-Binary or typed outputs follow the request, so clients written for Triton and for KServe both work:
-a request that sends raw/binary tensors, or asks for binary outputs, gets raw/binary outputs;
-otherwise JSON (REST) or typed contents (gRPC).
-"""
+"""The Open Inference (KServe v2) protocol: wire codecs for REST and gRPC, the KServe Model, the REST routes."""
 
 from __future__ import annotations
 
-import base64
-import io
-import math
-import struct
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
-import soundfile
-from google.protobuf.unknown_fields import UnknownFieldSet
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 from kserve import Model
+from kserve.errors import ModelNotFound
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 from kserve.protocol.rest.v2_datamodels import InferenceRequest
 from pydantic import ValidationError
 
-from predictor.engine import SynthesisParams
+from predictor.config import Settings
+from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest, NotReady
-from predictor.service import SynthesisResult, TTSService
+from predictor.serving.params import decode_texts, parse_params
+from predictor.serving.service import SynthesisResult, TTSService
 
-SYNTH_PARAMS = ("length_scale", "noise_scale", "noise_w", "voice", "seed")
-# Request parameters the v2 protocol and its clients (Triton's, KServe's) send on their own.
-PROTOCOL_PARAMS = {
-    "binary_data_output",
-    "binary_data",
-    "binary_data_size",
-    "headers",
-    "priority",
-    "timeout",
-    "sequence_id",
-    "sequence_start",
-    "sequence_end",
-}
 OUTPUTS = ("audio", "audio_length")
+
+
 BINARY_HEADER = "inference-header-content-length"
 
+
 INPUT_METADATA = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+
+
 OUTPUT_METADATA = [
     {"name": "audio", "datatype": "FP32", "shape": [-1, -1]},
     {"name": "audio_length", "datatype": "INT64", "shape": [-1]},
 ]
-
-
-# --- parameters ------------------------------------------------------------------------------
-# Fields of the Open Inference Protocol's InferParameter that KServe's proto predates; Triton's gRPC
-# client sends Python floats as double_param. They arrive as unknown fields, which protobuf keeps.
-_DOUBLE_PARAM, _UINT64_PARAM = 4, 5
-_WIRE_FIXED64, _WIRE_VARINT = 1, 0
-
-
-def _plain(value: Any) -> Any:
-    """A gRPC InferParameter (or a REST JSON value) as a plain Python value."""
-    if not isinstance(value, pb.InferParameter):
-        return value
-    field = value.WhichOneof("parameter_choice")
-    if field:
-        return getattr(value, field)
-    for unknown in UnknownFieldSet(value):
-        if unknown.field_number == _DOUBLE_PARAM and unknown.wire_type == _WIRE_FIXED64:
-            return struct.unpack("<d", struct.pack("<Q", unknown.data))[0]
-        if unknown.field_number == _UINT64_PARAM and unknown.wire_type == _WIRE_VARINT:
-            return int(unknown.data)
-    return None
-
-
-def _number(name: str, value: Any, strings_allowed: bool) -> float:
-    if isinstance(value, bool):
-        raise BadRequest(f"parameter {name} must be a number, got a boolean")
-    if isinstance(value, str) and strings_allowed:
-        try:
-            value = float(value)
-        except ValueError:
-            raise BadRequest(f"parameter {name} must be a number, got {value!r}") from None
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(f"parameter {name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _integer(name: str, value: Any, strings_allowed: bool) -> int:
-    if isinstance(value, str) and strings_allowed:
-        try:
-            return int(value)
-        except ValueError:
-            raise BadRequest(f"parameter {name} must be an integer, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"parameter {name} must be an integer, got {value!r}")
-    return value
-
-
-def parse_params(
-    raw: Mapping[str, Any] | None, *, strings_allowed: bool, extra_ok: set[str] = PROTOCOL_PARAMS
-) -> SynthesisParams:
-    """Synthesis parameters from a request's parameter map; unknown names are refused."""
-    values: dict[str, Any] = {}
-    for name, value in (raw or {}).items():
-        value = _plain(value)
-        if name in ("length_scale", "noise_scale", "noise_w"):
-            values[name] = _number(name, value, strings_allowed)
-        elif name == "seed":
-            values[name] = _integer(name, value, strings_allowed)
-        elif name == "voice":
-            if not isinstance(value, str) or not value:
-                raise BadRequest("parameter voice must be a non-empty string")
-            values[name] = value
-        elif name not in extra_ok:
-            raise BadRequest(f"unknown parameter {name!r}; accepted: {', '.join(SYNTH_PARAMS)}")
-    return SynthesisParams(**values)
-
-
-def decode_texts(items: Any, where: str = "text") -> list[str]:
-    out = []
-    for i, item in enumerate(items):
-        if isinstance(item, (bytes, bytearray, np.bytes_)):
-            try:
-                item = bytes(item).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise BadRequest(
-                    f"{where}[{i}] is not valid UTF-8: {exc.reason} at byte {exc.start}"
-                ) from None
-        if not isinstance(item, str):
-            raise BadRequest(f"{where}[{i}] must be a UTF-8 string, got {type(item).__name__}")
-        out.append(item)
-    return out
 
 
 def decode_binary_request(body: bytes, header_length: str, model_name: str) -> InferRequest:
@@ -204,42 +107,6 @@ def padded(result: SynthesisResult) -> tuple[np.ndarray, np.ndarray]:
     for row, a in zip(audio, result.audio, strict=False):
         row[: len(a)] = a
     return audio, lengths
-
-
-def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
-    buf = io.BytesIO()
-    soundfile.write(buf, audio, sample_rate, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
-
-
-def v1_predictions(result: SynthesisResult) -> list[dict]:
-    return [
-        {
-            "wav_base64": base64.b64encode(wav_bytes(a, result.sample_rate)).decode("ascii"),
-            "sample_rate": result.sample_rate,
-            "audio_seconds": round(len(a) / result.sample_rate, 4),
-        }
-        for a in result.audio
-    ]
-
-
-def parse_v1(body: Any) -> tuple[list[str], SynthesisParams]:
-    """{"instances": [{"text": ...}, ...], "parameters": {...}} -> texts, params."""
-    if not isinstance(body, dict) or not isinstance(body.get("instances"), list):
-        raise BadRequest('v1 body must be {"instances": [{"text": "..."}], "parameters": {...}}')
-    unknown = set(body) - {"instances", "parameters"}
-    if unknown:
-        raise BadRequest(f"unknown v1 field(s) {sorted(unknown)}")
-    texts = []
-    for i, inst in enumerate(body["instances"]):
-        if not isinstance(inst, dict) or set(inst) != {"text"}:
-            raise BadRequest(f'instances[{i}] must be {{"text": "..."}}')
-        texts.append(inst["text"])
-    if not isinstance(body.get("parameters", {}), dict):
-        raise BadRequest("parameters must be an object")
-    return decode_texts(texts, "instances"), parse_params(
-        body.get("parameters"), strings_allowed=False, extra_ok=set()
-    )
 
 
 # --- v2 --------------------------------------------------------------------------------------
@@ -390,3 +257,48 @@ class TTSModel(Model):
         call = decode_v2(payload, binary_default=bool(payload.use_binary_outputs))
         result = await self.service.synthesize(call.texts, call.params)
         return encode_grpc(call, result, self.name)
+
+
+def require_model(model_name: str, name: str) -> None:
+    if model_name != name:
+        raise ModelNotFound(model_name)
+
+
+def router(service: TTSService, settings: Settings) -> APIRouter:
+    """v2 inference and model metadata, registered before KServe's own routes so these win."""
+    name = settings.model_name
+    routes = APIRouter()
+
+    @routes.post("/v2/models/{model_name}/infer")
+    async def v2_infer(model_name: str, request: Request) -> Response:
+        # KServe's route reads a body without content-type: application/json as binary and then
+        # demands the binary header; Triton's HTTP client sends JSON exactly like that.
+        require_model(model_name, name)
+        service.require_ready()
+        body = await request.body()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        binary_in = BINARY_HEADER in headers
+        if binary_in:
+            infer_request = decode_binary_request(body, headers[BINARY_HEADER], name)
+        else:
+            infer_request = InferRequest.from_inference_request(parse_inference_request(body), name)
+        call = decode_v2(infer_request, binary_default=binary_in or bool(infer_request.use_binary_outputs))
+        result = await service.synthesize(call.texts, call.params)
+        content, response_headers = encode_rest(call, result, name)
+        return Response(content, headers=response_headers)
+
+    @routes.get("/v2/models/{model_name}")
+    async def model_metadata(model_name: str) -> dict:
+        require_model(model_name, name)
+        meta = {
+            "name": name,
+            "versions": [],
+            "platform": settings.engine,
+            "inputs": INPUT_METADATA,
+            "outputs": OUTPUT_METADATA,
+        }
+        if service.engine is not None:
+            meta["parameters"] = {"sample_rate": service.sample_rate, "voices": service.voices}
+        return meta
+
+    return routes

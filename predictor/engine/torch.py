@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from predictor import device as devices
-from predictor import phonemes
-from predictor.engine import PiperEngine, SynthesisParams
+from predictor.engine import device as devices
+from predictor.engine import phonemes
+from predictor.engine.base import PiperEngine, SynthesisParams
 from predictor.engine.convert import load_vits
 from predictor.engine.vits import Vits
-from predictor.errors import BadRequest, EngineError
+from predictor.errors import EngineError
 
 log = logging.getLogger("predictor.engine.native")
 
@@ -61,8 +61,7 @@ class TorchEngine(PiperEngine):
 
     def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         voice = self.voice
-        if params.voice is not None and params.voice not in self.voices:
-            raise BadRequest(f"unknown voice {params.voice!r}; this model serves {self.voices}")
+        self.check_voice(params.voice)
         # (text index, phoneme ids) for every sentence, in reading order.
         sentences = [
             (i, ids)

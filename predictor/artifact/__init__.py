@@ -1,0 +1,1 @@
+"""Voice artifacts: the manifest format, publishing, and fetching into MODEL_DIR with verification."""

@@ -1,0 +1,1 @@
+"""Audio: encoders for every output format, resampling, crossfading segments, fingerprints."""

@@ -1,0 +1,145 @@
+"""The engine interface every synthesis backend implements.
+
+Lifecycle, in the order cold start runs it (so construction overlaps the weight download):
+
+    engine = create(settings)      # heavy imports, device checks, phonemizer data: no weights yet
+    engine.load(model_dir)         # weights from the verified artifact onto the device
+    engine.warmup(text)            # first synthesis: allocations, kernel selection, compilation
+    engine.synthesize(texts, params) -> list of float32 mono arrays, one per text
+
+Engines are driven by one thread at a time (the predictor serializes calls); they need not be
+thread-safe. A batch may hold texts of any length; every item comes back trimmed to its own length."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from predictor.errors import BadRequest, EngineError
+
+if TYPE_CHECKING:
+    pass
+
+
+# Seeds of sentence k in a request are seed + k, and torch generators take 64-bit seeds.
+SEED_LIMIT = 2**62
+
+
+@dataclass(frozen=True)
+class SynthesisParams:
+    """Per-request knobs; None means the voice's own default from its config."""
+
+    length_scale: float | None = None
+    noise_scale: float | None = None
+    noise_w: float | None = None
+    voice: str | None = None
+    seed: int | None = None  # None: fresh noise on every call
+
+    # Inclusive bounds outside which VITS output is garbage or the request is a mistake.
+    LIMITS: ClassVar[dict[str, tuple[float, float]]] = {
+        "length_scale": (0.1, 5.0),
+        "noise_scale": (0.0, 2.0),
+        "noise_w": (0.0, 2.0),
+    }
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi) in self.LIMITS.items():
+            value = getattr(self, name)
+            if value is not None and not (lo <= value <= hi):
+                raise BadRequest(f"parameter {name}={value} is out of range [{lo}, {hi}]")
+        if self.seed is not None and not (0 <= self.seed < SEED_LIMIT):
+            raise BadRequest(f"parameter seed={self.seed} is out of range [0, 2**62)")
+
+
+@dataclass(frozen=True)
+class VoiceConfig:
+    """What an engine needs from the artifact's config.json (Piper's voice config)."""
+
+    name: str
+    sample_rate: int
+    espeak_voice: str
+    phoneme_id_map: dict[str, list[int]]
+    length_scale: float
+    noise_scale: float
+    noise_w: float
+    num_speakers: int
+    speakers: dict[str, int]
+
+    @classmethod
+    def read(cls, model_dir: Path, name: str) -> VoiceConfig:
+        try:
+            raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+            inference = raw.get("inference", {})
+            return cls(
+                name=name,
+                sample_rate=int(raw["audio"]["sample_rate"]),
+                espeak_voice=str(raw["espeak"]["voice"]),
+                phoneme_id_map={k: list(v) for k, v in raw["phoneme_id_map"].items()},
+                length_scale=float(inference.get("length_scale", 1.0)),
+                noise_scale=float(inference.get("noise_scale", 0.667)),
+                noise_w=float(inference.get("noise_w", 0.8)),
+                num_speakers=int(raw.get("num_speakers", 1)),
+                speakers=dict(raw.get("speaker_id_map", {})),
+            )
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"voice config {model_dir / 'config.json'} is unusable: {exc}") from exc
+
+
+class Engine(ABC):
+    """A loaded voice on a device."""
+
+    name: str
+    supports_seed: bool = False  # whether SynthesisParams.seed makes the noise reproducible
+
+    @abstractmethod
+    def load(self, model_dir: Path) -> None: ...
+
+    @abstractmethod
+    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]: ...
+
+    @property
+    @abstractmethod
+    def sample_rate(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def voices(self) -> list[str]: ...
+
+    def check_voice(self, voice: str | None) -> None:
+        """The one check of a requested voice, for the service and for engines driven directly (CLI)."""
+        if voice is not None and voice not in self.voices:
+            raise BadRequest(f"unknown voice {voice!r}; this model serves {self.voices}")
+
+    def warmup(self, text: str) -> None:
+        self.synthesize([text], SynthesisParams(noise_scale=0.0, noise_w=0.0))
+
+
+class PiperEngine(Engine):
+    """An engine for a Piper voice: the voice config comes from the artifact's config.json."""
+
+    _voice: VoiceConfig | None = None
+
+    def _read_voice(self, model_dir: Path) -> VoiceConfig:
+        manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
+        self._voice = VoiceConfig.read(model_dir, manifest["name"])
+        return self._voice
+
+    @property
+    def voice(self) -> VoiceConfig:
+        if self._voice is None:
+            raise EngineError("engine used before load()")
+        return self._voice
+
+    @property
+    def sample_rate(self) -> int:
+        return self.voice.sample_rate
+
+    @property
+    def voices(self) -> list[str]:
+        return [self.voice.name, *self.voice.speakers]

@@ -1,0 +1,32 @@
+"""Construct the configured engine (ENGINE, DEVICE, DTYPE, COMPILE) without weights."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from predictor.engine.base import Engine
+from predictor.errors import EngineError
+
+if TYPE_CHECKING:
+    from predictor.config import Settings
+
+
+def create(settings: Settings) -> Engine:
+    """Construct the configured engine without weights (device and imports checked here, at start)."""
+    if settings.engine == "torch":
+        from predictor.engine.torch import TorchEngine
+
+        return TorchEngine(
+            device=settings.device,
+            dtype=settings.dtype,
+            threads=settings.threads(),
+            gpu_memory_fraction=settings.gpu_memory_fraction,
+            compile=settings.compile,
+        )
+    if settings.engine == "onnx":
+        from predictor.engine.onnx import OnnxEngine
+
+        if settings.dtype != "fp32" or settings.compile:
+            raise EngineError("DTYPE and COMPILE apply to ENGINE=torch only")
+        return OnnxEngine(device=settings.device, threads=settings.threads())
+    raise EngineError(f"unknown engine {settings.engine!r}")

@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, OpenTelemetry tracing, JSON logs, request ids."""

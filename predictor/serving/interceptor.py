@@ -1,0 +1,72 @@
+"""The gRPC interceptor: errors to status codes, request counters, request ids and shadow records."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from grpc import StatusCode
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
+
+from predictor.errors import PredictorError
+from predictor.observability import metrics, request_ids
+from predictor.shadow import recorder as records
+
+log = logging.getLogger("predictor.server")
+
+
+GRPC_SYNTHESIS_METHODS = frozenset({"ModelInfer"})
+
+
+# Shadow records carry HTTP statuses, so compare can count errors alike across REST and gRPC.
+_GRPC_AS_HTTP = {
+    StatusCode.OK: 200,
+    StatusCode.INVALID_ARGUMENT: 400,
+    StatusCode.NOT_FOUND: 404,
+    StatusCode.UNAVAILABLE: 503,
+    StatusCode.UNIMPLEMENTED: 501,
+}
+
+
+class GrpcInterceptor(ExceptionToStatusInterceptor):
+    """KServe's mapping plus ours, a request counter by method and final status, request ids in the
+    initial metadata and a shadow record per ModelInfer."""
+
+    def __init__(self, revision: str, recorder: records.Recorder | None):
+        super().__init__()
+        self._revision = revision
+        self._recorder = recorder
+
+    async def intercept(self, method, request_or_iterator, context, method_name):
+        code = StatusCode.OK
+        name = method_name.rsplit("/", 1)[-1]
+        incoming = dict(context.invocation_metadata() or ()).get(request_ids.REQUEST_ID_HEADER)
+        rid = request_ids.request_id(incoming if isinstance(incoming, str) else None)
+        await context.send_initial_metadata(
+            ((request_ids.REQUEST_ID_HEADER, rid), (request_ids.REVISION_HEADER, self._revision))
+        )
+        started = time.perf_counter()
+        # Audio is captured only for calls that will leave a record, as in the REST middleware.
+        recorded = self._recorder is not None and name in GRPC_SYNTHESIS_METHODS
+        captured, token = records.begin() if recorded else (None, None)
+        try:
+            return await super().intercept(method, request_or_iterator, context, method_name)
+        except BaseException:
+            code = context.code() or StatusCode.UNKNOWN
+            raise
+        finally:
+            route = "grpc:" + name
+            metrics.REQUESTS.labels(route, code.name).inc()
+            if code != StatusCode.OK:
+                metrics.ERRORS.labels(route, code.name).inc()
+            if recorded:
+                records.end(token)
+                status = _GRPC_AS_HTTP.get(code, 500)
+                self._recorder.submit(rid, route, status, time.perf_counter() - started, captured)
+
+    async def handle_exception(self, ex, request_or_iterator, context, method_name):
+        if isinstance(ex, PredictorError):
+            if ex.http_status >= 500:
+                log.warning("grpc %s failed: %s", method_name, ex.message)
+            await context.abort(StatusCode[ex.grpc_status], ex.message)
+        await super().handle_exception(ex, request_or_iterator, context, method_name)

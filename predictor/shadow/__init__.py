@@ -1,0 +1,1 @@
+"""Shadow traffic: per-request records, their sinks, and `compare`, the canary verdict."""

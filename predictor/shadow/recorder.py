@@ -1,0 +1,226 @@
+"""Shadow records: one compact line per synthesis request, so a canary can be judged against stable.
+
+A canary that receives mirrored traffic (Istio `mirror`, nginx `mirror`) has its responses thrown
+away; the only way to compare it with stable is for both revisions to write down what they did,
+keyed by a request id both saw. Every HTTP response (and gRPC call) therefore carries
+`x-request-id` (the caller's, or a fresh uuid4) and `x-tts-revision`, and, when SHADOW_SINK is set,
+each synthesis request leaves a record:
+
+    {"v": 1, "id": "…", "revision": "…", "route": "/v2/models/{model_name}/infer", "status": 200,
+     "ts": 1764500000.123, "latency_s": 0.41, "audio_s": 2.3, "sample_rate": 22050, "items": 1,
+     "text_sha256": "…", "mcep": [[c0 … c12] × 32]}
+
+The text itself never leaves the pod (privacy): its sha256 is enough to check both revisions were
+asked the same thing. `mcep` is the audio's fingerprint: a 13-coefficient mel cepstrum pooled to 32
+time slices (see `fingerprint`), from which `compare` computes a mel-cepstral distortion.
+
+The request path only captures references to the audio and puts one item on a bounded queue
+(`put_nowait`); the fingerprint, JSON and the sink's I/O run on one background thread. A full queue
+drops the record (counted in tts_shadow_records_total{outcome="dropped"}) rather than slow a request.
+Records leave in batches (SHADOW_BATCH_RECORDS or SHADOW_FLUSH_S, whichever comes first), each batch
+one object under a unique key (a PUT is atomic: a reader sees a whole batch or none); `close()`
+writes the tail, so SIGTERM loses nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from predictor.audio.fingerprint import FINGERPRINT_MAX_SECONDS, fingerprint
+from predictor.observability import metrics
+from predictor.shadow.sinks import Sink
+
+log = logging.getLogger("predictor.shadow")
+
+
+RECORD_VERSION = 1
+
+
+def text_sha256(texts: Sequence[str]) -> str:
+    # Record separator between items: ["ab", "c"] and ["a", "bc"] must not hash alike.
+    return hashlib.sha256("\x1e".join(texts).encode("utf-8")).hexdigest()
+
+
+# --- what a request synthesized -------------------------------------------------------------
+@dataclass
+class Capture:
+    """The texts and audio one request synthesized (several calls for the segmented speech route)."""
+
+    texts: list[str] = field(default_factory=list)
+    audio: list[np.ndarray] = field(default_factory=list)
+    sample_rate: int = 0
+    audio_seconds: float = 0.0
+    _kept_samples: int = 0
+
+    def add(self, texts: Sequence[str], audio: Sequence[np.ndarray], sample_rate: int) -> None:
+        self.texts.extend(texts)
+        self.sample_rate = sample_rate
+        limit = int(FINGERPRINT_MAX_SECONDS * sample_rate)
+        for a in audio:
+            self.audio_seconds += len(a) / sample_rate
+            if self._kept_samples < limit:
+                self.audio.append(a)  # a reference: the arrays are never written after synthesis
+                self._kept_samples += len(a)
+
+
+# The request being served, set by the HTTP middleware and the gRPC interceptor; the service adds to
+# it, so every route that synthesizes (v2 REST/gRPC, v1, CloudEvents, speech) is covered in one place.
+_CURRENT: ContextVar[Capture | None] = ContextVar("shadow_capture", default=None)
+
+
+def begin() -> tuple[Capture, Any]:
+    capture = Capture()
+    return capture, _CURRENT.set(capture)
+
+
+def end(token: Any) -> None:
+    _CURRENT.reset(token)
+
+
+def capture(texts: Sequence[str], audio: Sequence[np.ndarray], sample_rate: int) -> None:
+    """Note what the current request synthesized; a no-op outside a recorded request."""
+    current = _CURRENT.get()
+    if current is not None:
+        current.add(texts, audio, sample_rate)
+
+
+# --- the recorder: request path -> queue -> background thread -> sink ------------------------
+@dataclass(frozen=True)
+class _Pending:
+    request_id: str
+    route: str
+    status: int
+    latency_s: float
+    ts: float
+    capture: Capture | None
+
+
+_STOP = object()
+
+
+class Recorder:
+    """Turns finished requests into records on one background thread and writes them in batches."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        revision: str,
+        *,
+        batch_records: int,
+        flush_s: float,
+        queue_size: int,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+    ):
+        self.revision = revision
+        self._sink = sink
+        self._batch_records = batch_records
+        self._flush_s = flush_s
+        self._retries = retries
+        self._backoff_s = backoff_s
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._thread = threading.Thread(target=self._run, name="shadow-records", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, request_id: str, route: str, status: int, latency_s: float, capture: Capture | None
+    ) -> None:
+        """Called on the request path: never blocks, drops the record when the queue is full."""
+        try:
+            self._queue.put_nowait(_Pending(request_id, route, status, latency_s, time.time(), capture))
+        except queue.Full:
+            metrics.SHADOW_RECORDS.labels("dropped").inc()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write everything queued, then stop the thread (at shutdown, after the servers stopped)."""
+        try:
+            self._queue.put(_STOP, timeout=timeout_s)  # waits for room: the thread keeps draining
+        except queue.Full:
+            log.error(
+                "shadow records: the writer is stuck (sink unresponsive); %d records lost",
+                self._queue.qsize(),
+            )
+            return
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.error(
+                "shadow records: the writer did not finish within %.0f s; the tail may be lost", timeout_s
+            )
+
+    # --- the background thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        batch: list[bytes] = []
+        deadline = math.inf
+        while True:
+            try:
+                item = self._queue.get(timeout=None if not batch else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                self._flush(batch)
+                return
+            if item is not None:
+                try:
+                    batch.append(self._record(item))
+                except Exception:
+                    log.exception("shadow record for %s could not be built", item.request_id)
+                if len(batch) == 1:
+                    deadline = time.monotonic() + self._flush_s
+            if batch and (len(batch) >= self._batch_records or time.monotonic() >= deadline):
+                self._flush(batch)
+                batch, deadline = [], math.inf
+
+    def _record(self, p: _Pending) -> bytes:
+        record: dict[str, Any] = {
+            "v": RECORD_VERSION,
+            "id": p.request_id,
+            "revision": self.revision,
+            "route": p.route,
+            "status": p.status,
+            "ts": round(p.ts, 3),
+            "latency_s": round(p.latency_s, 6),
+            "audio_s": None,
+            "sample_rate": None,
+            "items": 0,
+            "text_sha256": None,
+            "mcep": None,
+        }
+        c = p.capture
+        if c is not None and c.texts:
+            record.update(
+                audio_s=round(c.audio_seconds, 4),
+                sample_rate=c.sample_rate,
+                items=len(c.texts),
+                text_sha256=text_sha256(c.texts),
+            )
+            if c.audio and c.audio_seconds > 0:
+                mcep = fingerprint(np.concatenate(c.audio), c.sample_rate)  # [FRAMES, N_CEPS]
+                record["mcep"] = np.round(mcep, 3).tolist()
+        return orjson.dumps(record) + b"\n"
+
+    def _flush(self, batch: list[bytes]) -> None:
+        if not batch:
+            return
+        body = b"".join(batch)
+        for attempt in range(self._retries + 1):
+            try:
+                self._sink.write(body)
+                metrics.SHADOW_RECORDS.labels("written").inc(len(batch))
+                return
+            except Exception as exc:
+                if attempt == self._retries:
+                    metrics.SHADOW_RECORDS.labels("lost").inc(len(batch))
+                    log.error("shadow records: a batch of %d could not be written: %s", len(batch), exc)
+                    return
+                time.sleep(self._backoff_s * 2**attempt)

@@ -1,0 +1,79 @@
+"""The one S3 client factory, and the one translation of botocore's errors into ours."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Codes S3 (and S3-compatible stores) answer when a retry later can succeed.
+THROTTLED_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestLimitExceeded",
+    }
+)
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
+DENIED_CODES = frozenset({"AccessDenied", "403"})
+PRECONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+
+
+@dataclass(frozen=True)
+class S3Failure:
+    """What a botocore ClientError means, decided once for every caller (fetch, outputs, sinks)."""
+
+    code: str
+    status: int
+    detail: str  # "<code or status> <message>", for error messages
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404 or self.code in NOT_FOUND_CODES
+
+    @property
+    def denied(self) -> bool:
+        return self.status == 403 or self.code in DENIED_CODES
+
+    @property
+    def bad_range(self) -> bool:
+        return self.status == 416 or self.code == "InvalidRange"
+
+    @property
+    def precondition_failed(self) -> bool:
+        return self.status == 412 or self.code in PRECONDITION_CODES
+
+    @property
+    def busy(self) -> bool:
+        """Throttled or failing on the server's side: retrying later can succeed."""
+        return self.status >= 500 or self.status == 429 or self.code in THROTTLED_CODES
+
+
+def failure(exc: Any) -> S3Failure:
+    """The meaning of a botocore ClientError (anything with its `.response` dict)."""
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return S3Failure(code, status, f"{code or status} {error.get('Message', '')}".strip())
+
+
+def s3_client(*, concurrency: int, endpoint_url: str | None = None) -> Any:
+    """One S3 client for all threads (boto3 clients are thread-safe), with a connection per worker.
+
+    botocore's own retries are off (one attempt in total): fetch retries per part and resumes where a
+    dropped stream stopped, which botocore cannot do.
+    """
+    import boto3
+    from botocore.config import Config
+
+    config = Config(
+        max_pool_connections=concurrency + 2,
+        retries={"total_max_attempts": 1},
+        connect_timeout=10,
+        read_timeout=60,
+    )
+    # A session of our own: the default one behind boto3.client() is shared process-wide state.
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
