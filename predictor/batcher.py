@@ -95,7 +95,24 @@ class Batcher:
             self._queue.append(job)
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._cond.notify()
+        # The engine thread only checks the timeout when it reaches a job; behind a long or stuck engine
+        # call that can be long after REQUEST_TIMEOUT_S, so the loop drops a job still queued by then.
+        expiry = loop.call_later(self._timeout_s, self._expire, job)
+        job.future.add_done_callback(lambda _: expiry.cancel())
         return job.future
+
+    def _expire(self, job: _Job) -> None:
+        """On the event loop: drop `job` if it is still waiting for the engine (not yet in a batch)."""
+        with self._cond:
+            if job not in self._queue:
+                return
+            self._queue.remove(job)
+            metrics.QUEUE_DEPTH.set(len(self._queue))
+        metrics.REJECTED.labels("timeout").inc()
+        if not job.future.done():
+            job.future.set_exception(
+                Overloaded(f"dropped after {self._timeout_s:.1f} s in the queue (REQUEST_TIMEOUT_S)", 1)
+            )
 
     # --- the engine thread -----------------------------------------------------------------
     def _serve(self) -> None:

@@ -84,7 +84,8 @@ class FakeEngine(Engine):
         failure = self.failure
         self.calls.append((list(texts), params))
         with self._gate:
-            if not self._gate.wait_for(lambda: not self._held or self._passes > 0, HANG_GUARD_S):
+            # Longer than the tests' own guard, so a test fails on what it waited for, not on this.
+            if not self._gate.wait_for(lambda: not self._held or self._passes > 0, 2 * HANG_GUARD_S):
                 raise RuntimeError("the fake engine was held and never released")
             if self._held:
                 self._passes -= 1
