@@ -376,7 +376,10 @@ def test_a_caller_cancelled_mid_batch_has_its_result_dropped_and_companions_stil
     audio = run(main)  # run() also fails if a result was set on the cancelled future
 
     assert engine.calls[1][0] == ["Leaving early.", "Staying put."], "the work was done, then dropped"
-    assert [len(a) for a in audio] == [FakeEngine.samples_for("Staying put."), FakeEngine.samples_for("After.")]
+    assert [len(a) for a in audio] == [
+        FakeEngine.samples_for("Staying put."),
+        FakeEngine.samples_for("After."),
+    ]
 
 
 # --- drain ----------------------------------------------------------------------------------
