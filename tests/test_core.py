@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -306,6 +307,32 @@ def test_a_queued_request_times_out_while_the_engine_is_still_busy() -> None:
     assert isinstance(outcome, Overloaded)
     assert "REQUEST_TIMEOUT_S" in outcome.message
     assert engine.texts_seen == ["Plug."]
+
+
+def test_the_engine_thread_drops_an_expired_job_the_event_loop_was_too_busy_to_drop() -> None:
+    engine = FakeEngine()
+    batcher = make_batcher(engine, timeout_s=0.1)
+    timeouts_before = rejected("timeout")
+
+    async def main() -> BaseException | None:
+        first = await plug(engine, lambda: batcher.submit(["Plug."], QUIET))
+        late = batcher.submit(["Too late."], QUIET)
+        # Block the loop (no timer can fire) past the timeout, until the engine thread has taken the job.
+        time.sleep(0.15)
+        engine.release()
+        deadline = time.monotonic() + HANG_GUARD_S
+        while REGISTRY.get_sample_value("tts_queue_depth") != 0:
+            assert time.monotonic() < deadline, "the engine thread never took the queued job"
+            time.sleep(0.001)
+        await first
+        return (await asyncio.gather(late, return_exceptions=True))[0]
+
+    outcome = run(main)
+
+    assert isinstance(outcome, Overloaded)
+    assert "REQUEST_TIMEOUT_S" in outcome.message
+    assert engine.texts_seen == ["Plug."]
+    assert rejected("timeout") - timeouts_before == 1
 
 
 # --- callers that go away -------------------------------------------------------------------
