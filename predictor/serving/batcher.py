@@ -3,7 +3,8 @@
 Requests are admitted or refused at once: when MAX_QUEUE requests already wait, the next gets
 Overloaded (503 + Retry-After over REST, UNAVAILABLE over gRPC) instead of a place in an unbounded
 queue that ends in timeouts or OOM. A request still waiting after REQUEST_TIMEOUT_S is dropped before
-it costs engine time; so is one whose caller went away (its future was cancelled).
+it costs engine time, busy engine or not; one whose caller went away (its future was cancelled) leaves
+the queue at once. A caller that goes away once its batch is running has its result dropped.
 
 Compatible requests (same synthesis parameters, no seed) are merged into one engine call of up to
 MAX_BATCH_SIZE texts; the first waits at most MAX_BATCH_DELAY_MS for companions. Seeded requests run
@@ -95,7 +96,36 @@ class Batcher:
             self._queue.append(job)
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._cond.notify()
+        # The engine thread only checks the timeout when it reaches a job; behind a long or stuck engine
+        # call that can be long after REQUEST_TIMEOUT_S, so the loop drops a job still queued by then.
+        expiry = loop.call_later(self._timeout_s, self._expire, job)
+        job.future.add_done_callback(lambda future: self._settled(job, future, expiry))
         return job.future
+
+    def _withdraw(self, job: _Job) -> bool:
+        """Take `job` out of the queue if the engine thread has not taken it yet (on the event loop)."""
+        with self._cond:
+            if job not in self._queue:
+                return False
+            self._queue.remove(job)
+            metrics.QUEUE_DEPTH.set(len(self._queue))
+            return True
+
+    def _expire(self, job: _Job) -> None:
+        if job.future.done():  # cancelled, its callback not run yet: that one withdraws it
+            return
+        if self._withdraw(job):
+            metrics.REJECTED.labels("timeout").inc()
+            job.future.set_exception(
+                Overloaded(f"dropped after {self._timeout_s:.1f} s in the queue (REQUEST_TIMEOUT_S)", 1)
+            )
+
+    def _settled(self, job: _Job, future: asyncio.Future, expiry: asyncio.TimerHandle) -> None:
+        expiry.cancel()
+        # A caller that went away gives its place back at once, not when the engine thread reaches it:
+        # otherwise abandoned requests fill MAX_QUEUE and live ones are refused.
+        if future.cancelled() and self._withdraw(job):
+            metrics.REJECTED.labels("cancelled").inc()
 
     # --- the engine thread -----------------------------------------------------------------
     def _serve(self) -> None:
