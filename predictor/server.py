@@ -40,9 +40,7 @@ from opentelemetry import trace
 
 from predictor.api import speech, v1, v2
 from predictor.api.handlers import not_ready_response, predictor_error_response
-from predictor.api.v2 import (
-    TTSModel,
-)
+from predictor.api.v2 import TTSModel
 from predictor.config import ConfigError, Settings
 from predictor.errors import NotReady, PredictorError, StorageError
 from predictor.events.outputs import OutputStore

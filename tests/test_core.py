@@ -20,13 +20,14 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-# The predictor imports, in one place (the issue-10 restructure rewrites these paths).
-from predictor.batcher import Batcher
+from predictor.api.handlers import predictor_error_response
 from predictor.config import Settings
-from predictor.engine import Engine, SynthesisParams
+from predictor.engine.base import Engine, SynthesisParams
 from predictor.errors import BadRequest, EngineError, NotReady, Overloaded
-from predictor.server import _http_error
-from predictor.service import TTSService
+
+# The predictor imports, in one place (the issue-10 restructure rewrites these paths).
+from predictor.serving.batcher import Batcher
+from predictor.serving.service import TTSService
 
 T = TypeVar("T")
 
@@ -258,7 +259,7 @@ def test_a_full_queue_refuses_at_once_with_the_retry_after_the_http_layer_sends(
     assert error.message == "the queue is full (2 requests waiting); retry later"
     # Two waiting, no engine call finished yet, so the per-call estimate is still its initial 1 s.
     assert error.retry_after_s == math.ceil(2 * 1.0)
-    response = asyncio.run(_http_error(None, error))  # type: ignore[arg-type]
+    response = asyncio.run(predictor_error_response(None, error))  # type: ignore[arg-type]
     assert response.status_code == 503
     assert response.headers["retry-after"] == "2"
     assert rejected("queue_full") - shed_before == 1

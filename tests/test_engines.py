@@ -52,7 +52,7 @@ def test_torch_engine_matches_onnxruntime_without_noise(engines):
 
 @pytest.mark.parametrize("per_batch", [1, 16], ids=["one sentence per pass (CPU)", "padded batches (GPU)"])
 def test_texts_batched_together_equal_each_alone(engines, monkeypatch, per_batch):
-    from predictor.engine import native
+    from predictor.engine import torch as native
 
     torch_engine, _ = engines
     monkeypatch.setitem(native.SENTENCES_PER_BATCH, "cpu", per_batch)
@@ -65,7 +65,7 @@ def test_texts_batched_together_equal_each_alone(engines, monkeypatch, per_batch
 
 
 def test_seeded_audio_does_not_depend_on_batching(engines, monkeypatch):
-    from predictor.engine import native
+    from predictor.engine import torch as native
 
     torch_engine, _ = engines
     seeded = SynthesisParams(seed=99)
