@@ -54,7 +54,7 @@ def cmd_serve(_args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     import tempfile
 
-    from predictor.artifact.publish import publish
+    from predictor.artifact import publish
 
     with tempfile.TemporaryDirectory(prefix="tts-artifact-") as tmp:
         src = Path(args.source) if args.source else Path(tmp)
@@ -106,7 +106,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
                 engine=settings.engine,
             )
         elif not args.model_dir:
-            from predictor.artifact.publish import publish
+            from predictor.artifact import publish
 
             publish.build_default_voice(model_dir)
         eng = engines.create(settings)

@@ -16,7 +16,7 @@ from predictor.api.v2 import require_model
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
-from predictor.events.cloudevents import cloudevents
+from predictor.events import cloudevents
 from predictor.events.outputs import OutputStore
 from predictor.serving.params import decode_texts, parse_params
 from predictor.serving.service import SynthesisResult, TTSService

@@ -61,7 +61,7 @@ def publish(src_dir: Path, uri: str, *, endpoint_url: str | None = None, progres
     """
     # Imported here: storage depends on this module for the artifact format, and publishing is the one
     # place the format needs the transport.
-    from predictor.storage import uri
+    from predictor.storage.uri import parse_uri
 
     src_dir = Path(src_dir)
     manifest = Manifest.load(src_dir / MANIFEST)
@@ -69,7 +69,7 @@ def publish(src_dir: Path, uri: str, *, endpoint_url: str | None = None, progres
     for f, path in sources:
         _check_local_file(f, path)
 
-    scheme, bucket_or_root, prefix = uri.parse_uri(uri)
+    scheme, bucket_or_root, prefix = parse_uri(uri)
     bar = _progress_bar(manifest.total_bytes, f"publish {manifest.name}") if progress else None
     update = bar.update if bar is not None else None
     try:
@@ -132,17 +132,18 @@ def _publish_s3(
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from predictor.storage import s3, uri
+    from predictor.storage.s3 import s3_client
+    from predictor.storage.uri import object_key
 
-    client = s3.s3_client(concurrency=8, endpoint_url=endpoint_url)
+    client = s3_client(concurrency=8, endpoint_url=endpoint_url)
     transfer = TransferConfig(multipart_threshold=8 * 1024 * 1024, multipart_chunksize=8 * 1024 * 1024)
     try:
         _ensure_bucket(client, bucket)
         for f, src in sources:
             client.upload_file(
-                str(src), bucket, uri.object_key(prefix, f.path), Config=transfer, Callback=on_bytes
+                str(src), bucket, object_key(prefix, f.path), Config=transfer, Callback=on_bytes
             )
-        client.upload_file(str(src_dir / MANIFEST), bucket, uri.object_key(prefix, MANIFEST), Config=transfer)
+        client.upload_file(str(src_dir / MANIFEST), bucket, object_key(prefix, MANIFEST), Config=transfer)
     except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
         raise StorageError(f"publishing to s3://{bucket}/{prefix} failed: {exc}") from exc
 

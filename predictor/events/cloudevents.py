@@ -33,7 +33,15 @@ from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest, ReplyTooLarge
-from predictor.events.outputs import Completion, EncodedAudio, OutputStore, OutputTarget, event_key, now_iso, parse_output_uri
+from predictor.events.outputs import (
+    Completion,
+    EncodedAudio,
+    OutputStore,
+    OutputTarget,
+    event_key,
+    now_iso,
+    parse_output_uri,
+)
 from predictor.serving.params import decode_texts, parse_params
 from predictor.serving.service import TTSService
 

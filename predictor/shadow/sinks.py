@@ -33,15 +33,15 @@ def _batch_key(revision: str) -> str:
 
 class S3Sink:
     def __init__(self, bucket: str, prefix: str, revision: str):
-        from predictor.storage import s3
+        from predictor.storage.s3 import s3_client
 
-        self._client = s3.s3_client(concurrency=1)
+        self._client = s3_client(concurrency=1)
         self._bucket, self._prefix, self._revision = bucket, prefix, revision
 
     def write(self, body: bytes) -> None:
-        from predictor.storage import uri
+        from predictor.storage.uri import object_key
 
-        key = uri.object_key(self._prefix, _batch_key(self._revision))
+        key = object_key(self._prefix, _batch_key(self._revision))
         self._client.put_object(Bucket=self._bucket, Key=key, Body=body, ContentType="application/x-ndjson")
 
 
@@ -62,9 +62,9 @@ def open_sink(uri: str, revision: str) -> Sink | None:
         return None
     if uri == "stdout":
         return StdoutSink()
-    from predictor.storage import uri
+    from predictor.storage.uri import parse_uri
 
-    scheme, root, prefix = uri.parse_uri(uri)
+    scheme, root, prefix = parse_uri(uri)
     if scheme == "s3":
         return S3Sink(root, prefix, revision)
     return DirSink(Path(root), revision)
