@@ -44,7 +44,8 @@ system-packages:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-test: install system-packages
+# Lint first: a formatting or type error fails in seconds, before the 15-minute suite starts.
+test: install system-packages lint
 	$(BIN)/python -m pytest -q
 
 # Render every overlay of knative/ and keda/ to .cache/manifests/<flavour>-<overlay>.yaml.
@@ -68,7 +69,11 @@ load: install
 	$(BIN)/locust -f bench/locustfile.py --headless -u $(USERS) -r $(USERS) -t $(DURATION) \
 	  --host $(HOST) --csv bench/results/load --only-summary
 
+# ruff (format + lint rules in pyproject.toml), mypy (predictor/, disallow_untyped_defs), hadolint.
 lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 
 image:

@@ -11,17 +11,10 @@ import logging
 import sys
 from pathlib import Path
 
+from predictor.artifact.progress import progress_bar
 from predictor.config import ConfigError, load_settings
 
 log = logging.getLogger("predictor")
-
-
-def _progress_bar(total: int | None, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not sys.stderr.isatty()
-    )
 
 
 # --- serve ---------------------------------------------------------------------------------
@@ -69,7 +62,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from predictor.artifact import fetch as fetching
 
     settings = load_settings()
-    with _progress_bar(None, "fetch") as bar:
+    with progress_bar(None, "fetch") as bar:
         manifest, report = fetching.fetch(
             args.uri,
             Path(args.dir),

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -188,7 +188,7 @@ class Settings(BaseSettings):
 
     @field_validator("ce_reply_type")
     @classmethod
-    def _reply_differs(cls, v: str, info) -> str:
+    def _reply_differs(cls, v: str, info: ValidationInfo) -> str:
         if v == info.data.get("ce_request_type"):
             raise ValueError("must differ from CE_REQUEST_TYPE, or a Trigger would loop")
         return v
@@ -248,7 +248,7 @@ def container_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     return affinity
 
 
-def load_settings(**overrides) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Read Settings from the environment, turning validation errors into one readable message."""
     try:
         return Settings(**overrides)

@@ -22,6 +22,7 @@ import logging
 import signal
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -82,7 +83,7 @@ class _Uvicorn(uvicorn.Server):
     """Uvicorn without its own signal handlers: the drain below owns SIGTERM."""
 
     @contextlib.contextmanager
-    def capture_signals(self):
+    def capture_signals(self) -> Iterator[None]:
         yield
 
 
@@ -260,10 +261,11 @@ async def run(settings: Settings, cold_start: Future) -> None:
     while stopping in pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if task is not stopping and task.exception():
+            error = task.exception() if task is not stopping else None
+            if error is not None:
                 for other in pending:
                     other.cancel()
-                raise task.exception()
+                raise error
     log.info("draining", extra={"timeout_s": settings.drain_timeout_s})
     finished = await service.drain(settings.drain_timeout_s)
     warm.cancel()

@@ -288,9 +288,9 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         return Response(content, headers=response_headers)
 
     @routes.get("/v2/models/{model_name}")
-    async def model_metadata(model_name: str) -> dict:
+    async def model_metadata(model_name: str) -> dict[str, Any]:
         require_model(model_name, name)
-        meta = {
+        meta: dict[str, Any] = {
             "name": name,
             "versions": [],
             "platform": settings.engine,

@@ -96,7 +96,7 @@ def open_source(uri: str, concurrency: int, endpoint_url: str | None) -> _Source
 
 
 class _S3Source:
-    def __init__(self, client, bucket: str, prefix: str):
+    def __init__(self, client: Any, bucket: str, prefix: str):
         self._client = client
         self._bucket = bucket
         self._prefix = prefix
@@ -330,8 +330,9 @@ class Downloader:
                 futures.extend(pool.submit(self._part, job, start, end) for start, end in ranges)
             wait(futures, return_when=FIRST_EXCEPTION)
             for future in futures:  # in submission order, so the error reported is deterministic
-                if future.done() and not future.cancelled() and future.exception() is not None:
-                    raise future.exception()
+                error = future.exception() if future.done() and not future.cancelled() else None
+                if error is not None:
+                    raise error
             ok = True
         finally:
             if not ok:

@@ -6,8 +6,10 @@ import importlib.metadata
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from predictor.artifact.manifest import MANIFEST, Manifest, ManifestFile, resolve_files, safe_join
+from predictor.artifact.progress import progress_bar
 from predictor.errors import IntegrityError, StorageError
 from predictor.storage.files import atomic_copy, atomic_write_bytes, sha256_file
 
@@ -70,7 +72,7 @@ def publish(src_dir: Path, uri: str, *, endpoint_url: str | None = None, progres
         _check_local_file(f, path)
 
     scheme, bucket_or_root, prefix = parse_uri(uri)
-    bar = _progress_bar(manifest.total_bytes, f"publish {manifest.name}") if progress else None
+    bar = progress_bar(manifest.total_bytes, f"publish {manifest.name}") if progress else None
     update = bar.update if bar is not None else None
     try:
         if scheme == "s3":
@@ -94,12 +96,6 @@ def _check_local_file(f: ManifestFile, path: Path) -> None:
     digest = sha256_file(path)
     if digest != f.sha256:
         raise IntegrityError(f"{f.path}: sha256 {digest} does not match manifest {f.sha256}")
-
-
-def _progress_bar(total: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc)
 
 
 def _publish_local(
@@ -148,7 +144,7 @@ def _publish_s3(
         raise StorageError(f"publishing to s3://{bucket}/{prefix} failed: {exc}") from exc
 
 
-def _ensure_bucket(client, bucket: str) -> None:
+def _ensure_bucket(client: Any, bucket: str) -> None:
     """Create the bucket if it is missing: a convenience for moto and local S3s, harmless on AWS."""
     from botocore.exceptions import ClientError
 

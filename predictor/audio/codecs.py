@@ -53,6 +53,7 @@ import io
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import soundfile
@@ -315,13 +316,13 @@ class _AppendOnlySink:
     are tracked, not the data, so a long stream costs no memory here.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pos = 0
         self._end = 0
         self._out = bytearray()
         self.rewrites: list[tuple[int, bytes]] = []
 
-    def write(self, data) -> int:
+    def write(self, data: Any) -> int:
         b = bytes(data)
         if self._pos > self._end:  # a seek past the end leaves a hole, which reads as zeros
             self._out += bytes(self._pos - self._end)
@@ -379,7 +380,7 @@ def _writer_options(fmt: Format, sample_rate: int) -> dict:
     return {"bitrate_mode": "CONSTANT", "compression_level": (high - kbps - 0.5) / (high - low)}
 
 
-def _open_writer(file, sample_rate: int, fmt: Format) -> soundfile.SoundFile:
+def _open_writer(file: Any, sample_rate: int, fmt: Format) -> soundfile.SoundFile:
     sf = soundfile.SoundFile(
         file,
         "w",

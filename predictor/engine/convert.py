@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,13 +52,13 @@ def _is_parameter_name(name: str) -> bool:
     return not (name.startswith(("/", "onnx::")) or name.isdigit())
 
 
-def _attrs(node) -> dict:
+def _attrs(node: Any) -> dict[str, Any]:
     import onnx
 
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _load_graph(onnx_model):
+def _load_graph(onnx_model: Any) -> Any:
     import onnx
     from onnx import numpy_helper
 
@@ -70,7 +71,7 @@ def _load_graph(onnx_model):
     return graph, constants
 
 
-def _collect_tensors(graph, constants: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _collect_tensors(graph: Any, constants: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
 
     def put(name: str, value: np.ndarray, source: str) -> None:
@@ -127,7 +128,7 @@ def _indices(tensors: dict, pattern: str) -> list[int]:
     return sorted({int(m.group(1)) for name in tensors if (m := regex.match(name))})
 
 
-def _infer_config(graph, tensors: dict[str, np.ndarray], constants: dict[str, np.ndarray]) -> VitsConfig:
+def _infer_config(graph: Any, tensors: dict[str, np.ndarray], constants: dict[str, np.ndarray]) -> VitsConfig:
     nodes = {node.name: node for node in graph.node}
     if any(i.name == "sid" for i in graph.input) or "emb_g.weight" in tensors:
         raise ConversionError("multi-speaker voices (speaker id input / emb_g) are not supported")
@@ -220,7 +221,7 @@ def _infer_config(graph, tensors: dict[str, np.ndarray], constants: dict[str, np
     )
 
 
-def _check_conv_attributes(vits: Vits, graph) -> None:
+def _check_conv_attributes(vits: Vits, graph: Any) -> None:
     """Every Conv/ConvTranspose node must match the module it maps to: kernel, stride, dilation,
     padding and groups (catches a hyperparameter the shapes alone cannot reveal)."""
     modules = dict(vits.named_modules())
@@ -245,7 +246,7 @@ def _check_conv_attributes(vits: Vits, graph) -> None:
                 raise ConversionError(f"{node.name}: {key} {attrs.get(key)} in the graph, {want} in {path}")
 
 
-def onnx_to_state_dict(onnx_path) -> tuple[dict[str, torch.Tensor], VitsConfig]:
+def onnx_to_state_dict(onnx_path: str | Path) -> tuple[dict[str, torch.Tensor], VitsConfig]:
     """Map the exported graph (a path, or an onnx.ModelProto) onto Vits' parameter names and infer
     its VitsConfig.
 

@@ -49,7 +49,7 @@ class TorchEngine(PiperEngine):
             raise EngineError(f"cannot load the torch VITS weights from {model_dir}: {exc}") from exc
         if self._compile:
             # Frame counts vary per request: compile once for dynamic lengths, never per new length.
-            model.dec = torch.compile(model.dec, dynamic=True)
+            model.dec = torch.compile(model.dec, dynamic=True)  # type: ignore[assignment]
         self._model = model
 
     def warmup(self, text: str) -> None:
@@ -79,8 +79,9 @@ class TorchEngine(PiperEngine):
             ):
                 audio[k] = pcm
         out: list[list[np.ndarray]] = [[] for _ in texts]
-        for (i, _), pcm in zip(sentences, audio, strict=False):
-            out[i].append(pcm)
+        for (i, _), sentence_audio in zip(sentences, audio, strict=True):
+            assert sentence_audio is not None  # every sentence index is in exactly one batch
+            out[i].append(sentence_audio)
         return [np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32) for parts in out]
 
     def _run(

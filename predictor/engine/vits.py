@@ -269,7 +269,9 @@ class TextEncoder(nn.Module):
         self.encoder = Encoder(config)
         self.proj = nn.Conv1d(config.hidden_channels, 2 * config.inter_channels, 1)
 
-    def forward(self, ids: torch.Tensor, lengths: torch.Tensor):
+    def forward(
+        self, ids: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         # ids: [B, T] long, lengths: [B] long
         # The embedding was trained with a sqrt(d) scale, as in the Transformer paper.
         x = self.emb(ids) * math.sqrt(self.hidden_channels)  # [B, T, C]
@@ -349,7 +351,9 @@ def rational_quadratic_spline_inverse(
     boundary = math.log(math.exp(1 - min_derivative) - 1)
     unnormalized_derivatives = F.pad(unnormalized_derivatives, (1, 1), value=boundary)  # [..., K+1]
 
-    def knots(unnormalized: torch.Tensor, min_size: float, low: float, high: float):
+    def knots(
+        unnormalized: torch.Tensor, min_size: float, low: float, high: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         sizes = F.softmax(unnormalized, dim=-1)
         sizes = min_size + (1 - min_size * num_bins) * sizes
         cum = torch.cumsum(sizes, dim=-1)
@@ -482,7 +486,7 @@ class StochasticDurationPredictor(nn.Module):
         flows = [f for f in reversed(self.flows) if not isinstance(f, UnusedFlow)]
         z = noise
         for flow in flows:
-            z = flow.reverse(z, x_mask, g=x)
+            z = flow.reverse(z, x_mask, g=x)  # type: ignore[operator]  # ModuleList items are untyped
         return z[:, :1]
 
 
@@ -578,7 +582,7 @@ class ResidualCouplingBlock(nn.Module):
     def reverse(self, x: torch.Tensor, x_mask: torch.Tensor) -> torch.Tensor:
         # x: [B, inter, F]
         for flow in reversed(self.flows):
-            x = flow.reverse(x, x_mask)
+            x = flow.reverse(x, x_mask)  # type: ignore[operator]  # ModuleList items are untyped
         return x
 
 
@@ -727,7 +731,7 @@ class Vits(nn.Module):
     def _generators(generator: GeneratorArg, batch: int) -> list[torch.Generator | None]:
         if generator is None or isinstance(generator, torch.Generator):
             return [generator] * batch
-        generators = list(generator)
+        generators: list[torch.Generator | None] = list(generator)
         if len(generators) != batch:
             raise ValueError(f"{len(generators)} generators for a batch of {batch}")
         return generators
@@ -760,7 +764,7 @@ class Vits(nn.Module):
         noise_w: float,
         generators: list[torch.Generator | None],
         noise: dict | None,
-    ):
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t = phoneme_ids.shape
         x, m_p, logs_p, x_mask = self.enc_p(phoneme_ids, lengths)
         if noise is not None and "dp" in noise:

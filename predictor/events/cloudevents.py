@@ -108,7 +108,7 @@ def _format(name: Any) -> codecs.Format:
     return codecs.FORMATS[name]
 
 
-def _json_data(raw: bytes | str | None):
+def _json_data(raw: bytes | str | None) -> Any:
     if raw in (None, b"", ""):
         return None
     try:

@@ -205,7 +205,7 @@ class OutputStore:
             raise
 
     # --- blocking S3 calls, on worker threads -----------------------------------------------
-    def _s3(self):
+    def _s3(self) -> Any:
         # Created on the first output event, not at start: boto3's import and client cost stay off
         # the cold start of predictors that never see one.
         with self._client_lock:
@@ -338,12 +338,12 @@ class OutputStore:
             )
 
 
-def _get_json(client, bucket: str, key: str) -> dict[str, Any] | None:
+def _get_json(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
     found = _unless_missing(lambda: client.get_object(Bucket=bucket, Key=key))
     return None if found is None else json.loads(found["Body"].read())
 
 
-def _head(client, bucket: str, key: str) -> dict[str, Any] | None:
+def _head(client: Any, bucket: str, key: str) -> dict[str, Any] | None:
     return _unless_missing(lambda: client.head_object(Bucket=bucket, Key=key))
 
 

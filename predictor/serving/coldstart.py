@@ -16,9 +16,11 @@ import logging
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, TypeVar
 
 from predictor.config import ConfigError, Settings
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from predictor.artifact.manifest import Manifest
     from predictor.engine.base import Engine
 
+T = TypeVar("T")
 log = logging.getLogger("predictor.coldstart")
 
 # Whole-artifact attempts on top of the per-part retries inside fetching.fetch: a file that failed
@@ -84,7 +87,7 @@ class _FetchProcess:
         return value
 
 
-def _fetch_child(settings: Settings, conn) -> None:
+def _fetch_child(settings: Settings, conn: Connection) -> None:
     from predictor.errors import PredictorError, StorageError
 
     try:
@@ -107,7 +110,7 @@ def _construct(settings: Settings) -> Engine:
         raise ConfigError(f"ENGINE={settings.engine} DEVICE={settings.device}: {exc.message}") from exc
 
 
-def _timed(phases: dict, name: str, step):
+def _timed(phases: dict[str, tuple[int, int]], name: str, step: Callable[[], T]) -> T:
     start = time.time_ns()
     value = step()
     phases[name] = (start, time.time_ns())

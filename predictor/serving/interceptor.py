@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from grpc import StatusCode
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
@@ -37,7 +38,7 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
         self._revision = revision
         self._recorder = recorder
 
-    async def intercept(self, method, request_or_iterator, context, method_name):
+    async def intercept(self, method: Any, request_or_iterator: Any, context: Any, method_name: str) -> Any:
         code = StatusCode.OK
         name = method_name.rsplit("/", 1)[-1]
         incoming = dict(context.invocation_metadata() or ()).get(request_ids.REQUEST_ID_HEADER)
@@ -59,12 +60,14 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
             metrics.REQUESTS.labels(route, code.name).inc()
             if code != StatusCode.OK:
                 metrics.ERRORS.labels(route, code.name).inc()
-            if recorded:
+            if recorded and self._recorder is not None:
                 records.end(token)
                 status = _GRPC_AS_HTTP.get(code, 500)
                 self._recorder.submit(rid, route, status, time.perf_counter() - started, captured)
 
-    async def handle_exception(self, ex, request_or_iterator, context, method_name):
+    async def handle_exception(
+        self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str
+    ) -> None:
         if isinstance(ex, PredictorError):
             if ex.http_status >= 500:
                 log.warning("grpc %s failed: %s", method_name, ex.message)
