@@ -48,13 +48,13 @@ system-packages:
 test: install system-packages lint
 	$(BIN)/python -m pytest -q
 
-# Render every overlay of knative/ and keda/ to .cache/manifests/<flavour>-<overlay>.yaml.
+# Render every overlay of knative/ and keda/ (with the shared deploy/) to .cache/manifests/<flavour>-<overlay>.yaml.
 manifests: install
-	$(BIN)/python -m tests.manifests render
+	$(BIN)/python -m tools.manifests render
 
 # Validate every rendered object strictly (schemas, lints, cross-checks); no cluster needed.
 validate: install
-	$(BIN)/python -m tests.manifests validate
+	$(BIN)/python -m tools.manifests validate
 
 bench: install
 	$(BIN)/python -m bench

@@ -7,10 +7,12 @@ import json
 import shutil
 from collections.abc import Callable
 
-import manifests
 import pytest
-from manifests import OVERLAYS, Deployment, predictor_container, probes
 from prometheus_client.parser import text_string_to_metric_families
+
+from predictor.deploy import kustomize
+from tools import manifests
+from tools.manifests import OVERLAYS, Deployment, predictor_container, probes
 
 LONG_TEXT = " ".join(
     ["The weights arrive, the engine warms up, and only then do we say that we are ready."] * 7
@@ -41,8 +43,8 @@ def test_fallback_renderer_matches_kubectl(overlay):
     # kubectl comes with this project's machines; without it the fallback renderer would be unchecked.
     assert shutil.which("kubectl"), "kubectl is needed to check the fallback renderer against kustomize"
 
-    with_kubectl = sorted(manifests.render_with_kubectl(manifests.ROOT / overlay), key=_key)
-    fallback = sorted(manifests.render_kustomization(manifests.ROOT / overlay), key=_key)
+    with_kubectl = sorted(kustomize.render_with_kubectl(manifests.ROOT / overlay), key=_key)
+    fallback = sorted(kustomize.render_kustomization(manifests.ROOT / overlay), key=_key)
 
     assert fallback == with_kubectl
 
@@ -72,6 +74,17 @@ def test_both_flavours_start_from_zero(rendered):
     }
 
 
+def test_keda_replica_bound_is_the_inference_services_max_replicas(rendered):
+    # Written once (deploy/common/predictor), copied by keda/predictor's replacements.
+    for overlay in ("keda/overlays/cpu", "keda/overlays/gpu"):
+        keda = Deployment(rendered[overlay])
+        bound = keda.named("InferenceService", "tts")["spec"]["predictor"]["maxReplicas"]
+
+        assert keda.named("ScaledObject", "tts-predictor")["spec"]["maxReplicaCount"] == bound
+        assert keda.named("HTTPScaledObject", "tts-predictor")["spec"]["replicas"]["max"] == bound
+        assert keda.named("InferenceService", "tts-canary")["spec"]["predictor"]["maxReplicas"] == 1
+
+
 def test_gpu_overlays_ask_for_one_gpu_with_guaranteed_qos(rendered):
     for overlay in ("knative/overlays/gpu", "keda/overlays/gpu"):
         for isvc in Deployment(rendered[overlay]).kind("InferenceService"):
@@ -93,13 +106,13 @@ def _kind(kind: str) -> Callable[[list[dict]], dict]:
 
 def _set(path: str, value) -> Callable[[dict], None]:
     def apply(obj: dict) -> None:
-        manifests.json_patch(obj, {"op": "add", "path": path, "value": value})
+        kustomize.json_patch(obj, {"op": "add", "path": path, "value": value})
 
     return apply
 
 
 def _remove(path: str) -> Callable[[dict], None]:
-    return lambda obj: manifests.json_patch(obj, {"op": "remove", "path": path})
+    return lambda obj: kustomize.json_patch(obj, {"op": "remove", "path": path})
 
 
 MUTATIONS = [
@@ -250,6 +263,13 @@ MUTATIONS = [
         _kind("ScaledObject"),
         _set("/spec/triggers/2/metadata/consumerGroup", "tts"),
         "is no Trigger's group",
+    ),
+    (
+        "kafka partitions below the replica bound",
+        "keda/overlays/cpu",
+        _kind("ConfigMap"),
+        _set("/data/default.topic.partitions", "2"),
+        "2 partitions cap the kafka trigger below maxReplicaCount 4",
     ),
     (
         "HTTP add-on's own ScaledObject",

@@ -11,10 +11,12 @@ from functools import cache
 from pathlib import Path
 
 import httpx
-import manifests
 import yaml
 from conftest import v2_request
-from manifests import Deployment
+
+from predictor.deploy import kustomize
+from tools import manifests
+from tools.manifests import Deployment
 
 # The labels a PodMonitor gives a stable predictor pod (Knative names pods <revision>-deployment-*).
 POD_LABELS = {
@@ -29,7 +31,8 @@ SENTENCE = "Scaling from zero works when the queue depth is measured where the r
 @cache
 def _flavours() -> tuple[Deployment, ...]:
     return tuple(
-        Deployment(manifests.render(overlay)) for overlay in ("knative/overlays/cpu", "keda/overlays/cpu")
+        Deployment(kustomize.render(manifests.ROOT / overlay))
+        for overlay in ("knative/overlays/cpu", "keda/overlays/cpu")
     )
 
 

@@ -1,17 +1,19 @@
-"""Render and validate the deployment manifests offline: `make manifests`, `make validate`.
+"""Validate the deployment manifests offline, and the CLI of `make manifests` / `make validate`.
 
-There is no cluster here, so every claim about knative/ and keda/ is proven three ways:
+There is no cluster here, so every claim about knative/ and keda/ (with the shared deploy/) is proven
+three ways:
 
-* Rendering: `kubectl kustomize` when kubectl is on PATH, else `render_kustomization`, a renderer for
-  the part of kustomize these manifests use (resources, components, namespace, nameSuffix, JSON 6902
-  patches). tests/test_manifests.py checks that the two agree wherever kubectl exists.
+* Rendering: predictor.deploy.kustomize (`kubectl kustomize` when kubectl is on PATH, else its own
+  renderer for the part of kustomize these manifests use). tests/test_manifests.py checks that the
+  two agree wherever kubectl exists.
 * Schemas: CRD kinds against ../shared/schemas made strict (closed root, ObjectMeta checked, nodes
   marked x-kubernetes-preserve-unknown-fields reopened); core kinds with kubernetes-validate in strict
   mode; an unknown kind is an error.
 * Lints and cross-checks for what no schema expresses: annotation keys and values, KEDA trigger
-  metadata, the two scale-from-zero traps, probes, MODEL_DIR, event types, drain vs grace period.
+  metadata, the two scale-from-zero traps, probes, MODEL_DIR, event types, drain vs grace period,
+  Kafka partitions vs replicas.
 
-Usage: python -m tests.manifests render [--out DIR] | validate
+Usage: python -m tools.manifests render [--out DIR] | validate
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ import copy
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +34,11 @@ import jsonschema
 import kubernetes_validate
 import referencing
 import yaml
+from pydantic import ValidationError
+
+# The only predictor modules this tool uses (old paths until the issue-10 restructure lands).
+from predictor.config import Settings
+from predictor.deploy.kustomize import Obj, render
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS = ("knative/overlays/cpu", "knative/overlays/gpu", "keda/overlays/cpu", "keda/overlays/gpu")
@@ -41,9 +46,6 @@ OVERLAYS = ("knative/overlays/cpu", "knative/overlays/gpu", "keda/overlays/cpu",
 LOCAL_SCHEMAS = Path(__file__).resolve().parent / "schemas"
 # Core kinds are checked against this Kubernetes minor (kubernetes-validate's bundled schemas).
 KUBERNETES_VERSION = "1.31.0"
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
-
-Obj = dict[str, Any]
 
 
 def schema_dir() -> Path:
@@ -54,168 +56,8 @@ def schema_dir() -> Path:
 # --- rendering ------------------------------------------------------------------------------------
 
 
-class RenderError(Exception):
-    pass
-
-
-@dataclass
-class _Resource:
-    obj: Obj
-    # The name the object was loaded with: kustomize matches patch targets against it too.
-    original_name: str = ""
-
-    def __post_init__(self) -> None:
-        self.original_name = self.original_name or self.obj["metadata"]["name"]
-
-
-def render(path: Path | str) -> list[Obj]:
-    """The objects of one kustomization, with kubectl when available."""
-    path = ROOT / path
-    if shutil.which("kubectl"):
-        return render_with_kubectl(path)
-    return render_kustomization(path)
-
-
-def render_with_kubectl(path: Path) -> list[Obj]:
-    result = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RenderError(f"kubectl kustomize {path}: {result.stderr.strip()}")
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
-def render_kustomization(path: Path) -> list[Obj]:
-    return [r.obj for r in _build(Path(path))]
-
-
-def _build(path: Path) -> list[_Resource]:
-    spec = _load_kustomization(path)
-    resources: list[_Resource] = []
-    for entry in spec.get("resources", []):
-        target = (path / entry).resolve()
-        if target.is_dir():
-            resources += _build(target)
-        else:
-            resources += [
-                _Resource(copy.deepcopy(doc)) for doc in yaml.safe_load_all(target.read_text()) if doc
-            ]
-    for entry in spec.get("components", []):
-        component = (path / entry).resolve()
-        component_spec = _load_kustomization(component, kind="Component")
-        if component_spec.get("resources"):
-            raise RenderError(f"{component}: resources in a Component are not supported by this renderer")
-        _apply_patches(resources, component_spec, component)
-    _apply_patches(resources, spec, path)
-    for resource in resources:
-        meta = resource.obj["metadata"]
-        if spec.get("namePrefix") or spec.get("nameSuffix"):
-            meta["name"] = f"{spec.get('namePrefix', '')}{meta['name']}{spec.get('nameSuffix', '')}"
-        if spec.get("namespace") and resource.obj["kind"] not in CLUSTER_SCOPED:
-            meta["namespace"] = spec["namespace"]
-    return resources
-
-
-SUPPORTED_FIELDS = {
-    "apiVersion",
-    "kind",
-    "resources",
-    "components",
-    "patches",
-    "namespace",
-    "namePrefix",
-    "nameSuffix",
-}
-
-
-def _load_kustomization(path: Path, kind: str = "Kustomization") -> Obj:
-    file = path / "kustomization.yaml"
-    if not file.is_file():
-        raise RenderError(f"{path}: no kustomization.yaml")
-    spec = yaml.safe_load(file.read_text()) or {}
-    if spec.get("kind", "Kustomization") != kind:
-        raise RenderError(f"{file}: expected kind {kind}, found {spec.get('kind')}")
-    unsupported = set(spec) - SUPPORTED_FIELDS
-    if unsupported:
-        # Refuse rather than silently render something kustomize would render differently.
-        raise RenderError(f"{file}: fields {sorted(unsupported)} are not supported by the fallback renderer")
-    return spec
-
-
-def _apply_patches(resources: list[_Resource], spec: Obj, base: Path) -> None:
-    for patch in spec.get("patches", []):
-        text = patch["patch"] if "patch" in patch else (base / patch["path"]).read_text()
-        operations = yaml.safe_load(text)
-        if not isinstance(operations, list):
-            raise RenderError(f"{base}: only JSON 6902 patches (a list of operations) are supported")
-        target = patch.get("target") or {}
-        unsupported = set(target) - {"group", "version", "kind", "name", "namespace", "annotationSelector"}
-        if unsupported:
-            raise RenderError(f"{base}: patch target fields {sorted(unsupported)} are not supported")
-        matched = [r for r in resources if _matches(r, target)]
-        if not matched:
-            raise RenderError(f"{base}: patch target {target} matches nothing")
-        for resource in matched:
-            for op in operations:
-                json_patch(resource.obj, op)
-
-
-def _matches(resource: _Resource, target: Obj) -> bool:
-    obj = resource.obj
-    group, _, version = obj["apiVersion"].rpartition("/")
-    checks = {
-        "group": group,
-        "version": version,
-        "kind": obj["kind"],
-        "namespace": obj["metadata"].get("namespace", ""),
-    }
-    for key, value in checks.items():
-        if key in target and not re.fullmatch(target[key], value):
-            return False
-    if "annotationSelector" in target:
-        # Only the equality form (key=value) is used here.
-        key, _, value = target["annotationSelector"].partition("=")
-        if obj["metadata"].get("annotations", {}).get(key) != value:
-            return False
-    if "name" in target:
-        names = (obj["metadata"]["name"], resource.original_name)
-        return any(re.fullmatch(target["name"], name) for name in names)
-    return True
-
-
-def json_patch(doc: Obj, op: Obj) -> None:
-    """Apply one RFC 6902 operation (add, replace, remove, test) in place."""
-    *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-    node: Any = doc
-    for part in parents:
-        node = node[int(part)] if isinstance(node, list) else node[part]
-    kind = op["op"]
-    if kind == "test":
-        actual = node[int(last)] if isinstance(node, list) else node.get(last)
-        if actual != op["value"]:
-            raise RenderError(f"test {op['path']}: expected {op['value']!r}, found {actual!r}")
-        return
-    if isinstance(node, list):
-        index = len(node) if last == "-" else int(last)
-        if kind == "add":
-            node.insert(index, copy.deepcopy(op["value"]))
-        elif kind == "replace":
-            node[index] = copy.deepcopy(op["value"])
-        elif kind == "remove":
-            del node[index]
-        else:
-            raise RenderError(f"unsupported JSON patch op {kind!r}")
-        return
-    if kind in ("replace", "remove") and last not in node:
-        raise RenderError(f"{kind} {op['path']}: no such field")
-    if kind in ("add", "replace"):
-        node[last] = copy.deepcopy(op["value"])
-    elif kind == "remove":
-        del node[last]
-    else:
-        raise RenderError(f"unsupported JSON patch op {kind!r}")
-
-
 def render_all() -> dict[str, list[Obj]]:
-    return {overlay: render(overlay) for overlay in OVERLAYS}
+    return {overlay: render(ROOT / overlay) for overlay in OVERLAYS}
 
 
 # --- schemas --------------------------------------------------------------------------------------
@@ -497,16 +339,10 @@ def is_serverless(isvc: Obj) -> bool:
 
 
 def _settings_defaults() -> dict[str, Any]:
-    from predictor.config import Settings
-
     return {name: info.default for name, info in Settings.model_fields.items()}
 
 
 def _settings_problems(env: dict[str, str]) -> list[str]:
-    from pydantic import ValidationError
-
-    from predictor.config import Settings
-
     known = {name.upper() for name in Settings.model_fields}
     ours = {k.lower(): v for k, v in env.items() if k in known}
     problems = [
@@ -677,11 +513,11 @@ def _keda_problems(deployment: Deployment) -> list[str]:
                 elif http["spec"]["scaleTargetRef"]["name"] != target:
                     problems.append(f"{where}: {describe(http)} routes to another Deployment")
             if trigger["type"] == "kafka":
-                problems += _kafka_problems(deployment, where, meta)
+                problems += _kafka_problems(deployment, where, meta, scaled["spec"])
     return problems
 
 
-def _kafka_problems(deployment: Deployment, where: str, meta: dict[str, str]) -> list[str]:
+def _kafka_problems(deployment: Deployment, where: str, meta: dict[str, str], spec: Obj) -> list[str]:
     # Knative's Kafka Broker names its topic and each Trigger's consumer group from these templates.
     problems = []
     brokers = {
@@ -705,8 +541,21 @@ def _kafka_problems(deployment: Deployment, where: str, meta: dict[str, str]) ->
     config = deployment.named(config_ref.get("kind", "ConfigMap"), config_ref.get("name", ""))
     if config is None:
         problems.append(f"{where}: Broker {broker['metadata']['name']} has no config ConfigMap")
-    elif config["data"].get("bootstrap.servers") != meta.get("bootstrapServers"):
-        problems.append(f"{where}: bootstrapServers differs from the Broker's bootstrap.servers")
+    else:
+        data = config["data"]
+        if data.get("bootstrap.servers") != meta.get("bootstrapServers"):
+            problems.append(f"{where}: bootstrapServers differs from the Broker's bootstrap.servers")
+        # KEDA's kafka scaler never asks for more replicas than the topic has partitions (idle
+        # consumers), so fewer partitions would silently lower the replica bound.
+        partitions = data.get("default.topic.partitions")
+        most = spec.get("maxReplicaCount", 100)  # KEDA's default
+        if partitions is None:
+            problems.append(f"{where}: the Broker's config sets no default.topic.partitions")
+        elif int(partitions) < most:
+            problems.append(
+                f"{where}: the topic's {partitions} partitions cap the kafka trigger below "
+                f"maxReplicaCount {most}"
+            )
     return problems
 
 
@@ -750,7 +599,7 @@ def write_rendered(out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.manifests", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.manifests", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     render_cmd = sub.add_parser("render", help="render every overlay to DIR/<flavour>-<overlay>.yaml")
     render_cmd.add_argument("--out", type=Path, default=ROOT / ".cache" / "manifests")
