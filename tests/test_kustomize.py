@@ -44,7 +44,12 @@ def test_replacement_keeps_the_target_type_and_creates_missing_fields_as_kubectl
             "objects.yaml": [
                 _obj("Bound", "source", spec={"max": 7}),
                 _obj("Scaler", "scaler", spec={"min": 0}),
-                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "topic"}, "data": {"a.b": "0"}},
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": "topic"},
+                    "data": {"a.b": "0"},
+                },
             ],
             "kustomization.yaml": _kustomization(
                 resources=["objects.yaml"],
@@ -78,7 +83,9 @@ def test_replacement_source_matching_a_suffixed_copy_by_its_old_name_is_refused_
     # predictor with a nameSuffix, and kustomize still matches it by its original name.
     _write(tmp_path / "base", {"o.yaml": _obj("Bound", "x", spec={"max": 4})})
     _write(tmp_path / "base", {"kustomization.yaml": _kustomization(resources=["o.yaml"])})
-    _write(tmp_path / "copy", {"kustomization.yaml": _kustomization(resources=["../base"], nameSuffix="-copy")})
+    _write(
+        tmp_path / "copy", {"kustomization.yaml": _kustomization(resources=["../base"], nameSuffix="-copy")}
+    )
     tree = _write(
         tmp_path / "top",
         {

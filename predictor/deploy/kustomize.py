@@ -193,7 +193,8 @@ def _apply_replacement(resources: list[_Resource], replacement: Obj, base: Path)
 
 def _field_parts(field_path: str) -> list[str]:
     # Dots separate fields except inside brackets: `data.[a.b]` is key `a.b`, `env.[name=X]` a list item.
-    return [p for p in re.findall(r"\[[^\]]*\]|[^.\[\]]+", field_path)]
+    parts: list[str] = re.findall(r"\[[^\]]*\]|[^.\[\]]+", field_path)
+    return parts
 
 
 def _step(node: Any, part: str, create: bool) -> Any:
@@ -229,8 +230,10 @@ def _set_field(obj: Obj, field_path: str, value: Any, create: bool, base: Path) 
         raise RenderError(f"{base}: replacement target field {field_path} not found")
     current = node.get(key)
     # kustomize copies a scalar's text and keeps the target's type, so "4" in a ConfigMap stays a string.
-    if isinstance(current, str | int | float) and not isinstance(current, bool) and current is not None:
-        node[key] = type(current)(value)
+    if isinstance(current, str) and type(value) in (int, float):
+        node[key] = str(value)
+    elif type(current) in (int, float) and isinstance(value, str):
+        node[key] = int(value) if isinstance(current, int) else float(value)
     else:
         node[key] = copy.deepcopy(value)
 
