@@ -13,6 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "predictor"
 # Lowest first. A family may import any family on a lower floor, never one above.
 FLOORS: list[set[str]] = [
     {"config", "errors", "text"},
+    # Renders our kustomize tree for tools/ and `simulate`; needs nothing above the core.
+    {"deploy"},
     {"observability"},
     {"storage"},
     {"audio"},
