@@ -315,13 +315,19 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="replay traffic through the manifests' autoscaling settings with a measured profile",
     )
-    p.add_argument("--manifests", required=True, help="a kustomization: knative/overlays/cpu, keda/overlays/gpu, ...")
-    p.add_argument("--trace", required=True, help="CSV `t,chars` or a generator (poisson:rate=R,... see README)")
+    p.add_argument(
+        "--manifests", required=True, help="a kustomization: knative/overlays/cpu, keda/overlays/gpu, ..."
+    )
+    p.add_argument(
+        "--trace", required=True, help="CSV `t,chars` or a generator (poisson:rate=R,... see README)"
+    )
     p.add_argument("--profile", help="profile JSON (default: the shipped cpu-2core profile)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one setting (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--png", help="draw the timeline here (written atomically)")
-    p.add_argument("--sweep", metavar="KEY=V1,V2,...", help="one run per value: p99 vs replica-seconds, Pareto front")
+    p.add_argument(
+        "--sweep", metavar="KEY=V1,V2,...", help="one run per value: p99 vs replica-seconds, Pareto front"
+    )
     return parser
 
 

@@ -70,32 +70,34 @@ def _change_in_period(period_s: float, events: list[ScaleEvent], now_s: float) -
     return sum(e.replica_change for e in events if e.time_s > cutoff)
 
 
-def scale_up_limit(current: int, ups: list[ScaleEvent], downs: list[ScaleEvent], rules: Rules, now_s: float) -> int:
+def scale_up_limit(
+    current: int, ups: list[ScaleEvent], downs: list[ScaleEvent], rules: Rules, now_s: float
+) -> int:
     """calculateScaleUpLimitWithScalingRules."""
     if rules.select == "Disabled":
         return current
     pick, result = (min, INT32_MAX) if rules.select == "Min" else (max, INT32_MIN)
     for p in rules.policies:
-        start = current - _change_in_period(p.period_s, ups, now_s) + _change_in_period(p.period_s, downs, now_s)
-        if p.type == "Pods":
-            proposed = start + p.value
-        else:
-            proposed = math.ceil(start * (1 + p.value / 100))
+        start = (
+            current - _change_in_period(p.period_s, ups, now_s) + _change_in_period(p.period_s, downs, now_s)
+        )
+        proposed = start + p.value if p.type == "Pods" else math.ceil(start * (1 + p.value / 100))
         result = pick(result, proposed)
     return result
 
 
-def scale_down_limit(current: int, ups: list[ScaleEvent], downs: list[ScaleEvent], rules: Rules, now_s: float) -> int:
+def scale_down_limit(
+    current: int, ups: list[ScaleEvent], downs: list[ScaleEvent], rules: Rules, now_s: float
+) -> int:
     """calculateScaleDownLimitWithBehaviors."""
     if rules.select == "Disabled":
         return current
     pick, result = (max, INT32_MIN) if rules.select == "Min" else (min, INT32_MAX)
     for p in rules.policies:
-        start = current - _change_in_period(p.period_s, ups, now_s) + _change_in_period(p.period_s, downs, now_s)
-        if p.type == "Pods":
-            proposed = start - p.value
-        else:
-            proposed = int(start * (1 - p.value / 100))
+        start = (
+            current - _change_in_period(p.period_s, ups, now_s) + _change_in_period(p.period_s, downs, now_s)
+        )
+        proposed = start - p.value if p.type == "Pods" else int(start * (1 - p.value / 100))
         result = pick(result, proposed)
     return result
 

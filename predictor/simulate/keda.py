@@ -32,7 +32,9 @@ class Triggers:
             return True
         return self.kafka_threshold > 0 and kafka_lag > self.kafka_activation
 
-    def metrics(self, queue_depth: float | None, http_concurrency: float, kafka_lag: float) -> list[tuple[float, float]]:
+    def metrics(
+        self, queue_depth: float | None, http_concurrency: float, kafka_lag: float
+    ) -> list[tuple[float, float]]:
         """(usage, target per pod) for each trigger, as the HPA reads them."""
         out = []
         if self.prom_threshold > 0:

@@ -73,7 +73,9 @@ class Decider:
         self.max_panic_pods = ready_pods_at_start
         self.delay_window = MaxTimeWindow(spec.scale_down_delay_s) if spec.scale_down_delay_s > 0 else None
 
-    def scale(self, now_s: float, ready_pods: int, observed_stable: float, observed_panic: float) -> ScaleResult:
+    def scale(
+        self, now_s: float, ready_pods: int, observed_stable: float, observed_panic: float
+    ) -> ScaleResult:
         spec = self.spec
         ready = max(1.0, float(ready_pods))
         max_scale_up = math.ceil(spec.max_scale_up_rate * ready)

@@ -21,7 +21,9 @@ class PodTiming:
         period from container start)."""
         start = self.schedule_s + self.image_pull_s
         period = self.readiness_period_s
-        return start + (math.ceil(self.cold_start_s / period - 1e-9) * period if period > 0 else self.cold_start_s)
+        return start + (
+            math.ceil(self.cold_start_s / period - 1e-9) * period if period > 0 else self.cold_start_s
+        )
 
 
 @dataclass

@@ -75,7 +75,9 @@ def load(path: Path | str) -> Profile:
     if doc["schema"] != SCHEMA:
         raise SimulateError(f"{path}: key 'schema' is {doc['schema']!r}, expected {SCHEMA!r}")
     for key, kind in _FIELDS.items():
-        if key in doc and (not isinstance(doc[key], kind) or (kind != bool and isinstance(doc[key], bool))):
+        if key in doc and (
+            not isinstance(doc[key], kind) or (kind is not bool and isinstance(doc[key], bool))
+        ):
             raise SimulateError(f"{path}: key {key!r} has the wrong type ({type(doc[key]).__name__})")
     for key in ("base_s", "per_char_s", "cold_start_s"):
         if doc[key] < 0:
@@ -112,7 +114,6 @@ def fit_linear(points: list[tuple[int, float]]) -> tuple[float, float]:
 def measure(url: str, repeats: int = 3, model: str = "tts") -> Profile:
     """Time real requests against a ready predictor at `url` and read its cold-start gauges."""
     import httpx
-
     from prometheus_client.parser import text_string_to_metric_families
 
     url = url.rstrip("/")
@@ -139,7 +140,7 @@ def measure(url: str, repeats: int = 3, model: str = "tts") -> Profile:
                 if sample.name == "tts_cold_start_seconds":
                     phases[sample.labels["phase"]] = sample.value
     if "total" not in phases:
-        raise SimulateError(f"{url}/metrics has no tts_cold_start_seconds{{phase=\"total\"}}")
+        raise SimulateError(f'{url}/metrics has no tts_cold_start_seconds{{phase="total"}}')
     base, slope = fit_linear(points)
     params = meta.get("parameters", {}) if isinstance(meta, dict) else {}
     return Profile(

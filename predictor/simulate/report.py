@@ -45,7 +45,9 @@ def write_png(result: Result, out: Path, title: str) -> None:
     fig.suptitle(title)
     fig.tight_layout()
     out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent if str(out.parent) else ".")
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{out.name}.", suffix=".png", dir=out.parent if str(out.parent) else "."
+    )
     try:
         with os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=100)

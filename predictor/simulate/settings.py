@@ -9,6 +9,7 @@ of our own, named below. `from_manifests` never invents a value the manifests st
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +102,13 @@ def defaults() -> dict[str, Any]:
     return values
 
 
-def _one(objects: list[dict], kind: str, pred=lambda o: True) -> dict | None:
+def _one(objects: list[dict], kind: str, pred: Callable[[dict], bool] = lambda o: True) -> dict | None:
     found = [o for o in objects if o.get("kind") == kind and pred(o)]
     return found[0] if found else None
+
+
+def _named(objects: list[dict], kind: str, name: str | None) -> dict | None:
+    return next((o for o in objects if o.get("kind") == kind and o["metadata"]["name"] == name), None)
 
 
 def from_manifests(directory: Path | str) -> tuple[str, dict[str, Any]]:
@@ -118,11 +123,17 @@ def from_manifests(directory: Path | str) -> tuple[str, dict[str, Any]]:
     isvc = _one(
         objects,
         "InferenceService",
-        lambda o: o["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode") == "Serverless",
+        lambda o: (
+            o["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode") == "Serverless"
+        ),
     )
     if scaled is not None:
         flavour = "keda"
-        isvc = _one(objects, "InferenceService", lambda o: o["metadata"]["name"] in scaled["spec"]["scaleTargetRef"]["name"])
+        isvc = _one(
+            objects,
+            "InferenceService",
+            lambda o: o["metadata"]["name"] in scaled["spec"]["scaleTargetRef"]["name"],
+        )
         _read_keda(objects, scaled, values, directory)
     elif isvc is not None and "kpa" in isvc["metadata"].get("annotations", {}).get(
         "autoscaling.knative.dev/class", "kpa.autoscaling.knative.dev"
@@ -223,7 +234,7 @@ def _read_keda(objects: list[dict], scaled: dict, values: dict[str, Any], where:
             values["keda.kafka.lag_threshold"] = float(meta.get("lagThreshold", 10))
             values["keda.kafka.activation"] = float(meta.get("activationLagThreshold", 0))
         elif trigger["type"] == "external-push":
-            http = _one(objects, "HTTPScaledObject", lambda o: o["metadata"]["name"] == meta.get("httpScaledObject"))
+            http = _named(objects, "HTTPScaledObject", meta.get("httpScaledObject"))
             if http is None:
                 raise SimulateError(f"{where}: trigger {trigger.get('name')!r} names no HTTPScaledObject")
             conc = http["spec"].get("scalingMetric", {}).get("concurrency", {})

@@ -77,7 +77,10 @@ class Simulation:
     def __init__(self, flavour: str, values: dict[str, Any], profile: Profile, trace: Trace):
         self.flavour, self.v, self.profile, self.trace = flavour, values, profile, trace
         self.timing = PodTiming(
-            values["pod.schedule_s"], values["pod.image_pull_s"], profile.cold_start_s, values["pod.readiness_period_s"]
+            values["pod.schedule_s"],
+            values["pod.image_pull_s"],
+            profile.cold_start_s,
+            values["pod.readiness_period_s"],
         )
         n = len(trace)
         self.latency: list[float | None] = [None] * n
@@ -177,11 +180,15 @@ class Simulation:
                 if pod is None:
                     return
                 i = queue[0]
-                if queue is self.held and self.flavour == "keda":
-                    if self.now - self.trace.times[i] > self.v["keda.http.wait_timeout_s"]:
-                        queue.popleft()
-                        self._reject(i)
-                        continue
+                waited = self.now - self.trace.times[i]
+                if (
+                    queue is self.held
+                    and self.flavour == "keda"
+                    and waited > self.v["keda.http.wait_timeout_s"]
+                ):
+                    queue.popleft()  # the interceptor gave up on it (502)
+                    self._reject(i)
+                    continue
                 if pod.in_flight >= cap:
                     if rejecting:  # the interceptor forwards; a full pod answers 503
                         queue.popleft()
@@ -238,7 +245,9 @@ class Simulation:
             self.decider = knative_kpa.Decider(
                 knative_kpa.DeciderSpec(
                     target_value=target,
-                    total_value=v["kpa.target"] if v["kpa.container_concurrency"] == 0 else v["kpa.container_concurrency"],
+                    total_value=v["kpa.target"]
+                    if v["kpa.container_concurrency"] == 0
+                    else v["kpa.container_concurrency"],
                     target_burst_capacity=v["kpa.target_burst_capacity"],
                     panic_threshold=v["kpa.panic_threshold_pct"] / 100,
                     max_scale_up_rate=v["kpa.max_scale_up_rate"],
@@ -256,8 +265,11 @@ class Simulation:
             self.history: deque[tuple[float, float, int]] = deque(maxlen=self.stable_n + 1)
         else:
             self.triggers = keda.Triggers(
-                v["keda.prom.threshold"], v["keda.prom.activation"], v["keda.http.target"],
-                v["keda.kafka.lag_threshold"], v["keda.kafka.activation"],
+                v["keda.prom.threshold"],
+                v["keda.prom.activation"],
+                v["keda.http.target"],
+                v["keda.kafka.lag_threshold"],
+                v["keda.kafka.activation"],
             )
             self.executor = keda.Executor(v["keda.cooldown_s"], v["keda.initial_cooldown_s"], self.min_pods)
             self.behavior = hpa.Behavior(
@@ -318,7 +330,9 @@ class Simulation:
             return  # KEDA sets replicas to 0 and the HPA is idle at zero
         proposals = [
             hpa.per_pod_replicas(usage, target, current, self.v["hpa.tolerance"])
-            for usage, target in self.triggers.metrics(self.queue_depth, self._http_concurrency(), len(self.kafka))
+            for usage, target in self.triggers.metrics(
+                self.queue_depth, self._http_concurrency(), len(self.kafka)
+            )
         ]
         desired = max(proposals, default=current)
         self._scale_to(self.behavior.normalize(current, desired, self.now))
@@ -381,8 +395,17 @@ class Simulation:
         for _ in range(len(self.held) + len(self.kafka)):
             self.rejected += 1
         return Result(
-            self.flavour, times, self.latency, self.cold_waits, self.rejected, self.timed_out,
-            self.pod_seconds, self.max_replicas, self.pod_starts, self.now, self.timeline,
+            self.flavour,
+            times,
+            self.latency,
+            self.cold_waits,
+            self.rejected,
+            self.timed_out,
+            self.pod_seconds,
+            self.max_replicas,
+            self.pod_starts,
+            self.now,
+            self.timeline,
         )
 
 
@@ -393,7 +416,9 @@ def _rules(v: dict[str, Any], prefix: str) -> hpa.Rules:
     for item in filter(None, str(v[f"{prefix}.policies"]).split(",")):
         parts = item.split(":")
         if len(parts) != 3 or parts[0] not in ("Pods", "Percent"):
-            raise SimulateError(f"{prefix}.policies: {item!r} is not TYPE:VALUE:PERIOD (TYPE Pods or Percent)")
+            raise SimulateError(
+                f"{prefix}.policies: {item!r} is not TYPE:VALUE:PERIOD (TYPE Pods or Percent)"
+            )
         try:
             policies.append(hpa.Policy(parts[0], int(parts[1]), int(parts[2])))
         except ValueError:

@@ -33,7 +33,9 @@ def pareto(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def run(flavour: str, values: dict[str, Any], profile: Profile, trace: Trace, spec: str) -> list[dict[str, Any]]:
+def run(
+    flavour: str, values: dict[str, Any], profile: Profile, trace: Trace, spec: str
+) -> list[dict[str, Any]]:
     key, candidates = parse(spec)
     rows = []
     for candidate in candidates:
@@ -44,7 +46,9 @@ def run(flavour: str, values: dict[str, Any], profile: Profile, trace: Trace, sp
 
 
 def format_table(key: str, rows: list[dict[str, Any]]) -> str:
-    lines = [f"{key:>24}  {'p99 s':>8}  {'p50 s':>8}  {'replica-s':>10}  {'cold':>5}  {'rejected':>8}  pareto"]
+    lines = [
+        f"{key:>24}  {'p99 s':>8}  {'p50 s':>8}  {'replica-s':>10}  {'cold':>5}  {'rejected':>8}  pareto"
+    ]
     for r in rows:
         lines.append(
             f"{r['value']!s:>24}  {r['latency_p99_s']!s:>8}  {r['latency_p50_s']!s:>8}  "

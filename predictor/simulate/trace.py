@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +72,9 @@ def load_csv(path: Path) -> Trace:
             if not math.isfinite(t) or t < 0:
                 raise SimulateError(f"{path}:{line}: time {row[0]} is negative or not finite")
             if t < last:
-                raise SimulateError(f"{path}:{line}: time {t} is before the previous line's {last} (unsorted)")
+                raise SimulateError(
+                    f"{path}:{line}: time {t} is before the previous line's {last} (unsorted)"
+                )
             if n < 1:
                 raise SimulateError(f"{path}:{line}: chars must be >= 1, got {n}")
             times.append(t)
@@ -101,7 +104,14 @@ def _params(spec: str, allowed: dict[str, float], required: set[str]) -> dict[st
     return values
 
 
-def _poisson(rng: random.Random, rate_at, peak: float, start: float, end: float, out: list[float]) -> None:
+def _poisson(
+    rng: random.Random,
+    rate_at: Callable[[float], float] | None,
+    peak: float,
+    start: float,
+    end: float,
+    out: list[float],
+) -> None:
     """Thinning (Lewis-Shedler): candidate arrivals at the peak rate, kept with probability rate/peak."""
     if peak <= 0:
         return
