@@ -27,13 +27,36 @@ def simulate(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("overlay", ["knative/overlays/cpu", "keda/overlays/cpu"])
 def test_single_request_after_idle_waits_for_one_cold_start(overlay):
-    result = simulate("--manifests", overlay, "--trace", "idle:after=3600", "--json")
+    # The interceptor's wait is raised so that any cold start fits (see the next test).
+    result = simulate(
+        "--manifests",
+        overlay,
+        "--trace",
+        "idle:after=3600",
+        "--json",
+        "--set",
+        "keda.http.wait_timeout_s=600",
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["requests"] == 1 and summary["cold_start_waits"] == 1 and summary["rejected"] == 0
     assert summary["max_replicas"] == 1 and summary["pod_starts"] == 1
     for key in ("latency_p50_s", "latency_p95_s", "latency_p99_s", "replica_seconds"):
         assert key in summary
+
+
+def test_interceptor_gives_up_on_a_request_held_past_its_wait_timeout():
+    result = simulate(
+        "--manifests",
+        "keda/overlays/cpu",
+        "--trace",
+        "idle:after=60",
+        "--json",
+        "--set",
+        "keda.http.wait_timeout_s=2",
+    )
+    summary = json.loads(result.stdout)
+    assert summary["rejected"] == 1 and summary["completed"] == 0 and summary["pod_starts"] == 1
 
 
 def test_set_overrides_a_manifest_value():

@@ -73,7 +73,7 @@ def test_first_request_from_zero_is_predicted_within_25_percent(start_predictor)
         measured = time.perf_counter() - t0
         assert r.status_code == 200, r.text
         # The profile of this machine, now: the same process's cold start, its synthesis times.
-        prof = profiles.measure(holder.predictor.url, repeats=1)
+        prof = profiles.measure(holder.predictor.url, repeats=1, lengths=(20, 80, 160))
     finally:
         holder.server.shutdown()
     flavour, values = settings.from_manifests(settings.Path("knative/overlays/cpu"))

@@ -35,6 +35,7 @@ class Profile:
     device: str = "cpu"
     measured_on: str = ""
     assumed: bool = False  # true for a profile written by hand (e.g. a GPU shape), not measured
+    points: tuple[tuple[int, float], ...] = ()  # (characters, median seconds) behind the fit
 
     def synthesis_s(self, chars: int) -> float:
         return self.base_s + self.per_char_s * chars
@@ -53,6 +54,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "device": str,
     "measured_on": str,
     "assumed": bool,
+    "points": list,
 }
 
 
@@ -94,6 +96,7 @@ def load(path: Path | str) -> Profile:
         device=doc.get("device", "cpu"),
         measured_on=doc.get("measured_on", ""),
         assumed=doc.get("assumed", False),
+        points=tuple((int(c), float(t)) for c, t in doc.get("points", [])),
     )
 
 
@@ -111,7 +114,7 @@ def fit_linear(points: list[tuple[int, float]]) -> tuple[float, float]:
     return max(my - slope * mx, 0.0), slope
 
 
-def measure(url: str, repeats: int = 3, model: str = "tts") -> Profile:
+def measure(url: str, repeats: int = 3, model: str = "tts", lengths: tuple[int, ...] = LENGTHS) -> Profile:
     """Time real requests against a ready predictor at `url` and read its cold-start gauges."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
@@ -123,7 +126,7 @@ def measure(url: str, repeats: int = 3, model: str = "tts") -> Profile:
             raise SimulateError(f"{url}: model {model!r} is not ready (HTTP {ready.status_code})")
         meta = client.get(f"{url}/v2/models/{model}").json()
         points: list[tuple[int, float]] = []
-        for n in LENGTHS:
+        for n in lengths:
             text = (_SENTENCE * (n // len(_SENTENCE) + 1))[:n].strip()
             body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
             times = []
@@ -150,7 +153,11 @@ def measure(url: str, repeats: int = 3, model: str = "tts") -> Profile:
         phases_s={k: round(v, 3) for k, v in sorted(phases.items())},
         engine=str(params.get("engine", "unknown")),
         device=str(params.get("device", "cpu")),
-        measured_on=f"{os.uname().nodename}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}",
+        measured_on=(
+            f"{os.uname().nodename}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+            f"{time.strftime('%Y-%m-%d')}"
+        ),
+        points=tuple((n, round(t, 4)) for n, t in points),
     )
 
 
