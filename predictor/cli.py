@@ -196,7 +196,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.sweep:
             rows = sweep.run(flavour, values, prof, traffic, args.sweep)
             if args.json:
-                print(json.dumps(rows, indent=2))
+                print(json.dumps(sweep.to_json(rows), indent=2))
             else:
                 print(sweep.format_table(sweep.parse(args.sweep)[0], rows))
             return 0

@@ -22,7 +22,7 @@ KEYS: dict[str, tuple[Any, str]] = {
     "pod.image_pull_s": (0.0, "s, image pull; 0 = image already on the node (IfNotPresent, warm pool)"),
     "pod.readiness_period_s": (1.0, "s, readinessProbe.periodSeconds"),
     "pod.max_queue": (32, "requests waiting per pod before 503 (MAX_QUEUE)"),
-    "pod.request_timeout_s": (60.0, "s, a request older than this counts as rejected (timeout)"),
+    "pod.request_timeout_s": (30.0, "s, REQUEST_TIMEOUT_S: still queued at the pod after this -> 503"),
     "replicas.min": (0, "minReplicas / minReplicaCount"),
     "replicas.max": (4, "maxReplicas / maxReplicaCount"),
     "replicas.start": (0, "pods ready when the trace starts (0: scaled to zero)"),
@@ -42,6 +42,10 @@ KEYS: dict[str, tuple[Any, str]] = {
     "kpa.scale_to_zero_grace_s": (30.0, "s, scale-to-zero-grace-period"),
     "kpa.pod_retention_s": (0.0, "s, autoscaling.knative.dev/scale-to-zero-pod-retention-period"),
     "kpa.target_burst_capacity": (200.0, "autoscaling.knative.dev/target-burst-capacity"),
+    "kpa.revision_timeout_s": (
+        300.0,
+        "s, the predictor's `timeout` (Knative revision timeout): slower -> timed_out",
+    ),
     # --- KEDA + HPA ---
     "keda.polling_interval_s": (30.0, "s, ScaledObject pollingInterval"),
     "keda.cooldown_s": (300.0, "s, ScaledObject cooldownPeriod"),
@@ -51,7 +55,15 @@ KEYS: dict[str, tuple[Any, str]] = {
     "keda.scrape_s": (30.0, "s, PodMonitor podMetricsEndpoints[].interval (tts_queue_depth)"),
     "keda.http.target": (0.0, "HTTPScaledObject scalingMetric.concurrency.targetValue (0 = none)"),
     "keda.http.scaledown_period_s": (300.0, "s, HTTPScaledObject scaledownPeriod"),
-    "keda.http.wait_timeout_s": (20.0, "s, interceptor KEDA_CONDITION_WAIT_TIMEOUT: held longer -> 502"),
+    # kedacore/http-add-on interceptor/config/timeouts.go defaults; HTTPScaledObject spec.timeouts overrides.
+    "keda.http.wait_timeout_s": (
+        20.0,
+        "s, timeouts.conditionWait (KEDA_CONDITION_WAIT_TIMEOUT): held longer -> 502",
+    ),
+    "keda.http.response_header_timeout_s": (
+        0.5,
+        "s, timeouts.responseHeader (KEDA_RESPONSE_HEADER_TIMEOUT): a reply slower than this -> 502",
+    ),
     "keda.kafka.lag_threshold": (0.0, "kafka trigger lagThreshold (0 = no such trigger)"),
     "keda.kafka.activation": (0.0, "kafka trigger activationLagThreshold"),
     "keda.events_fraction": (0.0, "share of requests arriving as CloudEvents through Kafka, 0..1"),
@@ -160,6 +172,8 @@ def _read_predictor(isvc: dict, values: dict[str, Any]) -> None:
     env = {e["name"]: e.get("value") for e in container.get("env", []) if "value" in e}
     if "MAX_QUEUE" in env:
         values["pod.max_queue"] = int(env["MAX_QUEUE"])
+    if "REQUEST_TIMEOUT_S" in env:
+        values["pod.request_timeout_s"] = float(env["REQUEST_TIMEOUT_S"])
     probe = container.get("readinessProbe", {})
     if "periodSeconds" in probe:
         values["pod.readiness_period_s"] = float(probe["periodSeconds"])
@@ -197,7 +211,7 @@ def _read_knative(isvc: dict, values: dict[str, Any], where: Path) -> None:
     if "containerConcurrency" in spec:
         values["kpa.container_concurrency"] = int(spec["containerConcurrency"])
     if "timeout" in spec:
-        values["pod.request_timeout_s"] = float(spec["timeout"])
+        values["kpa.revision_timeout_s"] = float(spec["timeout"])
 
 
 def _read_keda(objects: list[dict], scaled: dict, values: dict[str, Any], where: Path) -> None:
@@ -240,6 +254,15 @@ def _read_keda(objects: list[dict], scaled: dict, values: dict[str, Any], where:
             conc = http["spec"].get("scalingMetric", {}).get("concurrency", {})
             values["keda.http.target"] = float(conc.get("targetValue", 100))
             values["keda.http.scaledown_period_s"] = float(http["spec"].get("scaledownPeriod", 300))
+            timeouts = http["spec"].get("timeouts", {})
+            if "conditionWait" in timeouts:
+                values["keda.http.wait_timeout_s"] = duration_s(
+                    timeouts["conditionWait"], f"{where}: conditionWait"
+                )
+            if "responseHeader" in timeouts:
+                values["keda.http.response_header_timeout_s"] = duration_s(
+                    timeouts["responseHeader"], f"{where}: responseHeader"
+                )
 
 
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

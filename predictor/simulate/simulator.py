@@ -91,6 +91,7 @@ class Simulation:
         self.held: deque[int] = deque()  # activator / interceptor
         self.kafka: deque[int] = deque()  # undelivered CloudEvents
         self.is_event = [False] * n
+        self.forwarded = [0.0] * n  # when each request reached its pod
         self.cold_waits = self.rejected = self.timed_out = self.pod_starts = self.max_replicas = 0
         self.in_system = 0
         self.alive = 0
@@ -155,6 +156,7 @@ class Simulation:
         return 1 + self.v["pod.max_queue"]
 
     def _assign(self, pod: Pod, i: int) -> None:
+        self.forwarded[i] = self.now
         if pod.busy:
             pod.queue.append(i)
         else:
@@ -203,6 +205,10 @@ class Simulation:
         self.in_system += 1
         self.arrivals_count += 1
         pod = self._least_loaded()
+        if self.flavour == "keda" and not self.is_event[i]:
+            # The add-on's scaler streams the interceptor's activity to KEDA (external-push), so
+            # every HTTP request counts as activity at once, not only those in flight at a poll.
+            self.executor.last_active_s = self.now
         if self.flavour == "keda" and self.is_event[i]:
             self.kafka.append(i)
             if pod is None:
@@ -224,10 +230,17 @@ class Simulation:
     def _complete(self, pod: Pod, i: int) -> None:
         self.in_system -= 1
         lat = self.now - self.trace.times[i]
-        self.latency[i] = lat
-        if lat > self.v["pod.request_timeout_s"]:
-            self.timed_out += 1
+        keda_http = self.flavour == "keda" and not self.is_event[i]
+        if keda_http and self.now - self.forwarded[i] > self.v["keda.http.response_header_timeout_s"]:
+            self.rejected += 1  # the interceptor stopped waiting for the headers: 502, work wasted
+        else:
+            self.latency[i] = lat
+            if self.flavour == "knative" and lat > self.v["kpa.revision_timeout_s"]:
+                self.timed_out += 1
         pod.busy = False
+        # The predictor drops requests still queued after REQUEST_TIMEOUT_S (503).
+        while pod.queue and self.now - self.forwarded[pod.queue[0]] > self.v["pod.request_timeout_s"]:
+            self._reject(pod.queue.popleft())
         if pod.queue:
             nxt = pod.queue.popleft()
             pod.busy = True
