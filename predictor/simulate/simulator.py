@@ -253,7 +253,9 @@ class Simulation:
     def _setup(self) -> None:
         v = self.v
         if self.flavour == "knative":
-            target = v["kpa.target"] * v["kpa.target_utilization"]
+            # As Knative's ResolveMetricTarget: a soft target above the hard limit is the hard limit.
+            cc = v["kpa.container_concurrency"]
+            target = (min(v["kpa.target"], cc) if cc > 0 else v["kpa.target"]) * v["kpa.target_utilization"]
             stable = v["kpa.stable_window_s"]
             self.decider = knative_kpa.Decider(
                 knative_kpa.DeciderSpec(
