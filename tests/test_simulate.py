@@ -59,6 +59,17 @@ def test_interceptor_gives_up_on_a_request_held_past_its_wait_timeout():
     assert summary["rejected"] == 1 and summary["completed"] == 0 and summary["pod_starts"] == 1
 
 
+def test_events_wait_for_keda_to_poll_kafka_while_http_callers_are_pushed():
+    def first(*extra: str) -> float:
+        args = ("--manifests", "keda/overlays/cpu", "--trace", "idle:after=62", "--json", *extra)
+        return json.loads(simulate(*args).stdout)["first_request_latency_s"]
+
+    http = first()
+    event = first("--set", "keda.events_fraction=1", "--set", "keda.polling_interval_s=30")
+    # The event arrives 2 s after a poll at t=60 and waits for the next one at t=90.
+    assert event - http == pytest.approx(28, abs=0.01)
+
+
 def test_set_overrides_a_manifest_value():
     base = json.loads(
         simulate("--manifests", "knative/overlays/cpu", "--trace", "idle:after=10", "--json").stdout

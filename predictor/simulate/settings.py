@@ -96,8 +96,13 @@ def duration_s(text: str, where: str) -> float:
 
 def render(directory: Path) -> list[dict]:
     """The one adapter to the kustomize renderer (moving to predictor/deploy/kustomize.py)."""
-    from tests.manifests import RenderError
-    from tests.manifests import render as render_dir
+    try:
+        from tests.manifests import RenderError
+        from tests.manifests import render as render_dir
+    except ImportError:
+        raise SimulateError(
+            "the kustomize renderer (tests/manifests.py) is not importable: run from the repository root"
+        ) from None
 
     try:
         return render_dir(directory.resolve())
