@@ -1,4 +1,4 @@
-"""`tts-predictor` / `python -m predictor`: serve, publish, fetch, synth, compare.
+"""`tts-predictor` / `python -m predictor`: serve, publish, fetch, synth, compare, profile, simulate.
 
 `serve` starts the artifact download and the engine construction on threads before it imports
 KServe, so the three overlap (see server.py); the other commands are for people and CI.
@@ -152,6 +152,55 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+# --- profile / simulate ----------------------------------------------------------------------
+def cmd_profile(args: argparse.Namespace) -> int:
+    from predictor.simulate import profile
+    from predictor.simulate.errors import SimulateError
+
+    try:
+        measured = profile.measure(args.url, repeats=args.repeats)
+        if args.out:
+            profile.write(measured, Path(args.out))
+    except SimulateError as exc:
+        print(f"tts-predictor profile: {exc}", file=sys.stderr)
+        return 2
+    import json
+
+    print(json.dumps(measured.to_json(), indent=2))
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Exit 2 on bad input (manifests, trace, profile, --set, --sweep), naming the file and line or key."""
+    import json
+
+    from predictor.simulate import profile, report, settings, sweep, trace
+    from predictor.simulate.errors import SimulateError
+    from predictor.simulate.simulator import simulate
+
+    try:
+        flavour, values = settings.from_manifests(args.manifests)
+        values = settings.apply_overrides(values, args.set or [])
+        prof = profile.load(args.profile or profile.default_path())
+        traffic = trace.load(args.trace)
+        if args.sweep:
+            rows = sweep.run(flavour, values, prof, traffic, args.sweep)
+            if args.json:
+                print(json.dumps(sweep.to_json(rows), indent=2))
+            else:
+                print(sweep.format_table(sweep.parse(args.sweep)[0], rows))
+            return 0
+        result = simulate(flavour, values, prof, traffic)
+        if args.png:
+            report.write_png(result, Path(args.png), f"{args.manifests} | {traffic.source}")
+    except SimulateError as exc:
+        print(f"tts-predictor simulate: {exc}", file=sys.stderr)
+        return 2
+    summary = result.summary()
+    print(json.dumps(summary, indent=2) if args.json else report.format_summary(summary))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tts-predictor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -247,6 +296,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DB",
         help=f"95th percentile mel-cepstral distortion (default {t.max_mcd_p95_db} dB)",
     )
+    p = sub.add_parser("profile", help="measure a running predictor's synthesis and cold-start times")
+    p.add_argument("--url", required=True, help="the predictor's REST address, e.g. http://127.0.0.1:8080")
+    p.add_argument("--out", help="write the profile JSON here (atomically)")
+    p.add_argument("--repeats", type=int, default=3, help="requests per text length (median taken)")
+
+    p = sub.add_parser(
+        "simulate",
+        help="replay traffic through the manifests' autoscaling settings with a measured profile",
+    )
+    p.add_argument(
+        "--manifests", required=True, help="a kustomization: knative/overlays/cpu, keda/overlays/gpu, ..."
+    )
+    p.add_argument(
+        "--trace", required=True, help="CSV `t,chars` or a generator (poisson:rate=R,... see README)"
+    )
+    p.add_argument("--profile", help="profile JSON (default: the shipped cpu-2core profile)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one setting (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--png", help="draw the timeline here (written atomically)")
+    p.add_argument(
+        "--sweep", metavar="KEY=V1,V2,...", help="one run per value: p99 vs replica-seconds, Pareto front"
+    )
     return parser
 
 
@@ -256,6 +327,8 @@ COMMANDS = {
     "fetch": cmd_fetch,
     "synth": cmd_synth,
     "compare": cmd_compare,
+    "profile": cmd_profile,
+    "simulate": cmd_simulate,
 }
 
 

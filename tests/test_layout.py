@@ -24,6 +24,7 @@ FLOORS: list[set[str]] = [
     {"serving"},
     {"events"},
     {"api"},
+    {"simulate"},
     {"server", "cli", "__main__"},
 ]
 

@@ -1,0 +1,291 @@
+"""The simulation's knobs, read from the rendered manifests; `--set key=value` overrides one.
+
+Every key has a default and a source: the manifests (annotation, spec field, env var), else the
+upstream default of the controller that reads it (Knative's config-autoscaler, kube-controller-
+manager's HPA flags, KEDA's and its HTTP add-on's documented defaults), else a pod-start parameter
+of our own, named below. `from_manifests` never invents a value the manifests state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from predictor.simulate.errors import SimulateError
+
+# key: (default, unit and where it comes from)
+KEYS: dict[str, tuple[Any, str]] = {
+    # --- pods (both flavours) ---
+    "pod.schedule_s": (1.0, "s, pod created -> bound and container created (scheduler + kubelet); assumed"),
+    "pod.image_pull_s": (0.0, "s, image pull; 0 = image already on the node (IfNotPresent, warm pool)"),
+    "pod.readiness_period_s": (1.0, "s, readinessProbe.periodSeconds"),
+    "pod.max_queue": (32, "requests waiting per pod before 503 (MAX_QUEUE)"),
+    "pod.request_timeout_s": (30.0, "s, REQUEST_TIMEOUT_S: still queued at the pod after this -> 503"),
+    "replicas.min": (0, "minReplicas / minReplicaCount"),
+    "replicas.max": (4, "maxReplicas / maxReplicaCount"),
+    "replicas.start": (0, "pods ready when the trace starts (0: scaled to zero)"),
+    # --- Knative KPA (knative/serving config-autoscaler defaults unless annotated) ---
+    "kpa.metric": ("concurrency", "autoscaling.knative.dev/metric: concurrency | rps"),
+    "kpa.target": (100.0, "autoscaling.knative.dev/target (requests in flight, or per second)"),
+    "kpa.target_utilization": (0.7, "target-utilization-percentage / 100"),
+    "kpa.container_concurrency": (0, "containerConcurrency, hard limit per pod (0 = unlimited)"),
+    "kpa.stable_window_s": (60.0, "s, autoscaling.knative.dev/window"),
+    "kpa.panic_window_pct": (10.0, "% of the stable window, panic-window-percentage"),
+    "kpa.panic_threshold_pct": (200.0, "%, panic-threshold-percentage"),
+    "kpa.max_scale_up_rate": (1000.0, "max-scale-up-rate"),
+    "kpa.max_scale_down_rate": (2.0, "max-scale-down-rate"),
+    "kpa.initial_scale": (1, "autoscaling.knative.dev/initial-scale (at revision creation only)"),
+    "kpa.activation_scale": (1, "autoscaling.knative.dev/activation-scale"),
+    "kpa.scale_down_delay_s": (0.0, "s, autoscaling.knative.dev/scale-down-delay"),
+    "kpa.scale_to_zero_grace_s": (30.0, "s, scale-to-zero-grace-period"),
+    "kpa.pod_retention_s": (0.0, "s, autoscaling.knative.dev/scale-to-zero-pod-retention-period"),
+    "kpa.target_burst_capacity": (200.0, "autoscaling.knative.dev/target-burst-capacity"),
+    "kpa.revision_timeout_s": (
+        300.0,
+        "s, the predictor's `timeout` (Knative revision timeout): slower -> timed_out",
+    ),
+    # --- KEDA + HPA ---
+    "keda.polling_interval_s": (30.0, "s, ScaledObject pollingInterval"),
+    "keda.cooldown_s": (300.0, "s, ScaledObject cooldownPeriod"),
+    "keda.initial_cooldown_s": (0.0, "s, ScaledObject initialCooldownPeriod (from t=0)"),
+    "keda.prom.threshold": (0.0, "prometheus trigger threshold, AverageValue (0 = no such trigger)"),
+    "keda.prom.activation": (0.0, "prometheus trigger activationThreshold"),
+    "keda.scrape_s": (30.0, "s, PodMonitor podMetricsEndpoints[].interval (tts_queue_depth)"),
+    "keda.http.target": (0.0, "HTTPScaledObject scalingMetric.concurrency.targetValue (0 = none)"),
+    "keda.http.scaledown_period_s": (300.0, "s, HTTPScaledObject scaledownPeriod"),
+    # kedacore/http-add-on interceptor/config/timeouts.go defaults; HTTPScaledObject spec.timeouts overrides.
+    "keda.http.wait_timeout_s": (
+        20.0,
+        "s, timeouts.conditionWait (KEDA_CONDITION_WAIT_TIMEOUT): held longer -> 502",
+    ),
+    "keda.http.response_header_timeout_s": (
+        0.5,
+        "s, timeouts.responseHeader (KEDA_RESPONSE_HEADER_TIMEOUT): a reply slower than this -> 502",
+    ),
+    "keda.kafka.lag_threshold": (0.0, "kafka trigger lagThreshold (0 = no such trigger)"),
+    "keda.kafka.activation": (0.0, "kafka trigger activationLagThreshold"),
+    "keda.events_fraction": (0.0, "share of requests arriving as CloudEvents through Kafka, 0..1"),
+    "hpa.sync_s": (15.0, "s, --horizontal-pod-autoscaler-sync-period"),
+    "hpa.tolerance": (0.1, "--horizontal-pod-autoscaler-tolerance"),
+    "hpa.scale_up.window_s": (0.0, "s, behavior.scaleUp.stabilizationWindowSeconds"),
+    "hpa.scale_up.policies": ("Pods:4:15,Percent:100:15", "behavior.scaleUp.policies TYPE:VALUE:PERIOD,..."),
+    "hpa.scale_up.select": ("Max", "behavior.scaleUp.selectPolicy"),
+    "hpa.scale_down.window_s": (300.0, "s, behavior.scaleDown.stabilizationWindowSeconds"),
+    "hpa.scale_down.policies": ("Percent:100:15", "behavior.scaleDown.policies"),
+    "hpa.scale_down.select": ("Max", "behavior.scaleDown.selectPolicy"),
+}
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def duration_s(text: str, where: str) -> float:
+    """Go duration strings as Knative annotations use them ("2m", "1m30s", "600s"), or plain seconds."""
+    text = str(text).strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    m = _DURATION.match(text)
+    if not text or not m:
+        raise SimulateError(f"{where}: {text!r} is not a duration")
+    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
+def render(directory: Path) -> list[dict]:
+    """The manifests as kustomize renders them (kubectl when installed, else our own renderer)."""
+    from predictor.deploy.kustomize import RenderError
+    from predictor.deploy.kustomize import render as render_dir
+
+    try:
+        return render_dir(directory.resolve())
+    except (RenderError, OSError) as exc:
+        raise SimulateError(f"{directory}: cannot render: {exc}") from None
+
+
+def defaults() -> dict[str, Any]:
+    from predictor.config import Settings
+
+    values = {k: v for k, (v, _) in KEYS.items()}
+    values["pod.max_queue"] = Settings.model_fields["max_queue"].default
+    values["pod.request_timeout_s"] = Settings.model_fields["request_timeout_s"].default
+    return values
+
+
+def _one(objects: list[dict], kind: str, pred: Callable[[dict], bool] = lambda o: True) -> dict | None:
+    found = [o for o in objects if o.get("kind") == kind and pred(o)]
+    return found[0] if found else None
+
+
+def _named(objects: list[dict], kind: str, name: str | None) -> dict | None:
+    return next((o for o in objects if o.get("kind") == kind and o["metadata"]["name"] == name), None)
+
+
+def from_manifests(directory: Path | str) -> tuple[str, dict[str, Any]]:
+    """(flavour, values): 'knative' for a Serverless InferenceService on the KPA, 'keda' for a
+    ScaledObject; anything else has no autoscaling object to simulate."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise SimulateError(f"--manifests {directory}: not a directory")
+    objects = render(directory)
+    values = defaults()
+    scaled = _one(objects, "ScaledObject")
+    isvc = _one(
+        objects,
+        "InferenceService",
+        lambda o: (
+            o["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode") == "Serverless"
+        ),
+    )
+    if scaled is not None:
+        flavour = "keda"
+        isvc = _one(
+            objects,
+            "InferenceService",
+            lambda o: o["metadata"]["name"] in scaled["spec"]["scaleTargetRef"]["name"],
+        )
+        _read_keda(objects, scaled, values, directory)
+    elif isvc is not None and "kpa" in isvc["metadata"].get("annotations", {}).get(
+        "autoscaling.knative.dev/class", "kpa.autoscaling.knative.dev"
+    ):
+        flavour = "knative"
+        _read_knative(isvc, values, directory)
+    else:
+        raise SimulateError(
+            f"--manifests {directory}: no autoscaling object (a Serverless InferenceService on the KPA, "
+            "or a KEDA ScaledObject) in the rendered manifests"
+        )
+    if isvc is not None:
+        _read_predictor(isvc, values)
+    monitor = _one(objects, "PodMonitor")
+    if monitor is not None and flavour == "keda":
+        for ep in monitor["spec"].get("podMetricsEndpoints", []):
+            if "interval" in ep:
+                values["keda.scrape_s"] = duration_s(ep["interval"], f"{directory}: PodMonitor interval")
+    return flavour, values
+
+
+def _read_predictor(isvc: dict, values: dict[str, Any]) -> None:
+    container = isvc["spec"]["predictor"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container.get("env", []) if "value" in e}
+    if "MAX_QUEUE" in env:
+        values["pod.max_queue"] = int(env["MAX_QUEUE"])
+    if "REQUEST_TIMEOUT_S" in env:
+        values["pod.request_timeout_s"] = float(env["REQUEST_TIMEOUT_S"])
+    probe = container.get("readinessProbe", {})
+    if "periodSeconds" in probe:
+        values["pod.readiness_period_s"] = float(probe["periodSeconds"])
+
+
+def _read_knative(isvc: dict, values: dict[str, Any], where: Path) -> None:
+    ann = isvc["metadata"].get("annotations", {})
+    spec = isvc["spec"]["predictor"]
+    numeric = {
+        "autoscaling.knative.dev/target": "kpa.target",
+        "autoscaling.knative.dev/initial-scale": "kpa.initial_scale",
+        "autoscaling.knative.dev/activation-scale": "kpa.activation_scale",
+        "autoscaling.knative.dev/target-burst-capacity": "kpa.target_burst_capacity",
+        "autoscaling.knative.dev/panic-window-percentage": "kpa.panic_window_pct",
+        "autoscaling.knative.dev/panic-threshold-percentage": "kpa.panic_threshold_pct",
+        "autoscaling.knative.dev/target-utilization-percentage": "kpa.target_utilization",
+    }
+    for annotation, key in numeric.items():
+        if annotation in ann:
+            value = float(ann[annotation])
+            values[key] = value / 100 if key == "kpa.target_utilization" else type(values[key])(value)
+    durations = {
+        "autoscaling.knative.dev/window": "kpa.stable_window_s",
+        "autoscaling.knative.dev/scale-down-delay": "kpa.scale_down_delay_s",
+        "autoscaling.knative.dev/scale-to-zero-pod-retention-period": "kpa.pod_retention_s",
+    }
+    for annotation, key in durations.items():
+        if annotation in ann:
+            values[key] = duration_s(ann[annotation], f"{where}: {annotation}")
+    if "autoscaling.knative.dev/metric" in ann:
+        values["kpa.metric"] = ann["autoscaling.knative.dev/metric"]
+    for field, key in (("minReplicas", "replicas.min"), ("maxReplicas", "replicas.max")):
+        if field in spec:
+            values[key] = int(spec[field])
+    if "containerConcurrency" in spec:
+        values["kpa.container_concurrency"] = int(spec["containerConcurrency"])
+    if "timeout" in spec:
+        values["kpa.revision_timeout_s"] = float(spec["timeout"])
+
+
+def _read_keda(objects: list[dict], scaled: dict, values: dict[str, Any], where: Path) -> None:
+    spec = scaled["spec"]
+    for field, key in (
+        ("pollingInterval", "keda.polling_interval_s"),
+        ("cooldownPeriod", "keda.cooldown_s"),
+        ("initialCooldownPeriod", "keda.initial_cooldown_s"),
+    ):
+        if field in spec:
+            values[key] = float(spec[field])
+    values["replicas.min"] = int(spec.get("minReplicaCount", 0))
+    values["replicas.max"] = int(spec.get("maxReplicaCount", 100))
+    behavior = spec.get("advanced", {}).get("horizontalPodAutoscalerConfig", {}).get("behavior", {})
+    for direction in ("scaleUp", "scaleDown"):
+        rules = behavior.get(direction)
+        if not rules:
+            continue
+        prefix = "hpa.scale_up" if direction == "scaleUp" else "hpa.scale_down"
+        if "stabilizationWindowSeconds" in rules:
+            values[f"{prefix}.window_s"] = float(rules["stabilizationWindowSeconds"])
+        if "policies" in rules:
+            values[f"{prefix}.policies"] = ",".join(
+                f"{p['type']}:{p['value']}:{p['periodSeconds']}" for p in rules["policies"]
+            )
+        if "selectPolicy" in rules:
+            values[f"{prefix}.select"] = rules["selectPolicy"]
+    for trigger in spec.get("triggers", []):
+        meta = trigger.get("metadata", {})
+        if trigger["type"] == "prometheus":
+            values["keda.prom.threshold"] = float(meta["threshold"])
+            values["keda.prom.activation"] = float(meta.get("activationThreshold", 0))
+        elif trigger["type"] == "kafka":
+            values["keda.kafka.lag_threshold"] = float(meta.get("lagThreshold", 10))
+            values["keda.kafka.activation"] = float(meta.get("activationLagThreshold", 0))
+        elif trigger["type"] == "external-push":
+            http = _named(objects, "HTTPScaledObject", meta.get("httpScaledObject"))
+            if http is None:
+                raise SimulateError(f"{where}: trigger {trigger.get('name')!r} names no HTTPScaledObject")
+            conc = http["spec"].get("scalingMetric", {}).get("concurrency", {})
+            values["keda.http.target"] = float(conc.get("targetValue", 100))
+            values["keda.http.scaledown_period_s"] = float(http["spec"].get("scaledownPeriod", 300))
+            timeouts = http["spec"].get("timeouts", {})
+            if "conditionWait" in timeouts:
+                values["keda.http.wait_timeout_s"] = duration_s(
+                    timeouts["conditionWait"], f"{where}: conditionWait"
+                )
+            if "responseHeader" in timeouts:
+                values["keda.http.response_header_timeout_s"] = duration_s(
+                    timeouts["responseHeader"], f"{where}: responseHeader"
+                )
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--set key=value`: the key must exist; the value is parsed as the key's type."""
+    values = dict(values)
+    for item in overrides:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise SimulateError(f"--set {item!r}: expected key=value")
+        if key not in KEYS:
+            raise SimulateError(f"--set {key}: unknown key (known: {', '.join(KEYS)})")
+        values[key] = parse_value(key, raw)
+    return values
+
+
+def parse_value(key: str, raw: str) -> Any:
+    kind = type(KEYS[key][0])
+    try:
+        if kind is str:
+            return raw
+        if key.endswith("_s"):
+            return duration_s(raw, f"--set {key}")
+        return kind(float(raw)) if kind is int else kind(raw)
+    except (ValueError, SimulateError):
+        raise SimulateError(f"--set {key}={raw!r}: expected a {kind.__name__}") from None

@@ -1,0 +1,448 @@
+"""The event loop: requests arrive, are held (activator / interceptor / Kafka) or queue at a pod, are
+synthesized one at a time per pod; controllers tick and start or drain pods.
+
+Simplifications, each on the side of the autoscaler under study rather than the predictor:
+requests go to the least-loaded ready pod (Knative's activator balances so; Kubernetes Services pick
+at random); network hops cost nothing; a pod removed by a scale-down finishes its queue (the drain)
+and costs replica-seconds until then.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from predictor.simulate import hpa, keda, knative_kpa
+from predictor.simulate.pods import Pod, PodTiming
+from predictor.simulate.profile import Profile
+from predictor.simulate.trace import Trace
+
+_COMPLETE, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE = range(6)
+
+
+@dataclass
+class Timeline:
+    t: list[float] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    starting: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)  # held + queued at pods
+
+
+@dataclass
+class Result:
+    flavour: str
+    arrivals: list[float]
+    latencies: list[float | None]  # None: rejected
+    cold_waits: int
+    rejected: int
+    timed_out: int
+    replica_seconds: float
+    max_replicas: int
+    pod_starts: int
+    duration_s: float
+    timeline: Timeline
+
+    def summary(self) -> dict[str, Any]:
+        done = sorted(x for x in self.latencies if x is not None)
+
+        def pct(q: float) -> float | None:
+            if not done:
+                return None
+            return round(done[min(len(done) - 1, max(0, math.ceil(q * len(done)) - 1))], 4)
+
+        first = self.latencies[0] if self.latencies else None
+        return {
+            "flavour": self.flavour,
+            "requests": len(self.latencies),
+            "completed": len(done),
+            "latency_p50_s": pct(0.50),
+            "latency_p95_s": pct(0.95),
+            "latency_p99_s": pct(0.99),
+            "latency_max_s": round(done[-1], 4) if done else None,
+            "first_request_latency_s": round(first, 4) if first is not None else None,
+            "cold_start_waits": self.cold_waits,
+            "rejected": self.rejected,
+            "timed_out": self.timed_out,
+            "replica_seconds": round(self.replica_seconds, 1),
+            "max_replicas": self.max_replicas,
+            "pod_starts": self.pod_starts,
+            "simulated_s": round(self.duration_s, 1),
+        }
+
+
+class Simulation:
+    def __init__(self, flavour: str, values: dict[str, Any], profile: Profile, trace: Trace):
+        self.flavour, self.v, self.profile, self.trace = flavour, values, profile, trace
+        self.timing = PodTiming(
+            values["pod.schedule_s"],
+            values["pod.image_pull_s"],
+            profile.cold_start_s,
+            values["pod.readiness_period_s"],
+        )
+        n = len(trace)
+        self.latency: list[float | None] = [None] * n
+        self.events: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.pods: list[Pod] = []
+        self.next_pod = 0
+        self.held: deque[int] = deque()  # activator / interceptor
+        self.kafka: deque[int] = deque()  # undelivered CloudEvents
+        self.is_event = [False] * n
+        self.forwarded = [0.0] * n  # when each request reached its pod
+        self.cold_waits = self.rejected = self.timed_out = self.pod_starts = self.max_replicas = 0
+        self.in_system = 0
+        self.alive = 0
+        self.now = 0.0
+        self.conc_integral = 0.0
+        self.arrivals_count = 0
+        self.pod_seconds = 0.0
+        self.timeline = Timeline()
+        self.max_pods = values["replicas.max"] or 10**6
+        self.min_pods = values["replicas.min"]
+
+    # --- bookkeeping ---------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, data: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, data))
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.now
+        if dt > 0:
+            self.conc_integral += self.in_system * dt
+            self.pod_seconds += self.alive * dt
+            self.now = t
+
+    def _ready_pods(self) -> list[Pod]:
+        return [p for p in self.pods if p.state == "ready"]
+
+    def _active_pods(self) -> list[Pod]:
+        return [p for p in self.pods if p.state in ("starting", "ready")]
+
+    # --- pods ----------------------------------------------------------------------------------
+    def _scale_to(self, target: int) -> None:
+        target = max(self.min_pods, min(self.max_pods, target))
+        active = self._active_pods()
+        if target > len(active):
+            for _ in range(target - len(active)):
+                pod = Pod(self.next_pod, self.now, self.now + self.timing.ready_after())
+                self.next_pod += 1
+                self.pods.append(pod)
+                self.alive += 1
+                self.pod_starts += 1
+                self._push(pod.ready_s, _READY, pod)
+            self.max_replicas = max(self.max_replicas, self.alive)
+        elif target < len(active):
+            # Not-yet-ready pods first (newest first), then the least busy ready ones.
+            victims = sorted(active, key=lambda p: (p.state == "ready", p.in_flight, -p.created_s))
+            for pod in victims[: len(active) - target]:
+                if pod.in_flight == 0:
+                    self._gone(pod)
+                else:
+                    pod.state = "draining"
+
+    def _gone(self, pod: Pod) -> None:
+        pod.state = "gone"
+        pod.removed_s = self.now
+        self.alive -= 1
+        self.pods.remove(pod)
+
+    def _capacity(self) -> int:
+        if self.flavour == "knative":
+            cc = self.v["kpa.container_concurrency"]
+            return cc if cc > 0 else 10**9
+        return 1 + self.v["pod.max_queue"]
+
+    def _assign(self, pod: Pod, i: int) -> None:
+        self.forwarded[i] = self.now
+        if pod.busy:
+            pod.queue.append(i)
+        else:
+            pod.busy = True
+            self._push(self.now + self.profile.synthesis_s(self.trace.chars[i]), _COMPLETE, (pod, i))
+
+    def _least_loaded(self) -> Pod | None:
+        best = None
+        for p in self.pods:
+            if p.state == "ready" and (best is None or p.in_flight < best.in_flight):
+                best = p
+        return best
+
+    def _reject(self, i: int) -> None:
+        self.rejected += 1
+        self.in_system -= 1
+
+    def _dispatch(self) -> None:
+        cap = self._capacity()
+        for queue, rejecting in ((self.held, self.flavour == "keda"), (self.kafka, False)):
+            while queue:
+                pod = self._least_loaded()
+                if pod is None:
+                    return
+                i = queue[0]
+                waited = self.now - self.trace.times[i]
+                if (
+                    queue is self.held
+                    and self.flavour == "keda"
+                    and waited > self.v["keda.http.wait_timeout_s"]
+                ):
+                    queue.popleft()  # the interceptor gave up on it (502)
+                    self._reject(i)
+                    continue
+                if pod.in_flight >= cap:
+                    if rejecting:  # the interceptor forwards; a full pod answers 503
+                        queue.popleft()
+                        self._reject(i)
+                        continue
+                    break
+                queue.popleft()
+                self._assign(pod, i)
+
+    # --- requests ------------------------------------------------------------------------------
+    def _arrive(self, i: int) -> None:
+        self.in_system += 1
+        self.arrivals_count += 1
+        pod = self._least_loaded()
+        if self.flavour == "keda" and not self.is_event[i]:
+            # The add-on's scaler streams the interceptor's activity to KEDA (external-push), so
+            # every HTTP request counts as activity at once, not only those in flight at a poll.
+            self.executor.last_active_s = self.now
+        if self.flavour == "keda" and self.is_event[i]:
+            self.kafka.append(i)
+            if pod is None:
+                self.cold_waits += 1
+            self._dispatch()
+            return
+        if pod is not None and pod.in_flight < self._capacity() and not self.held:
+            self._assign(pod, i)
+            return
+        if pod is not None and self.flavour == "keda":
+            self._reject(i)  # MAX_QUEUE full: 503 + Retry-After
+            return
+        if pod is None:
+            self.cold_waits += 1
+        self.held.append(i)
+        if not self._active_pods():
+            self._activate()
+
+    def _complete(self, pod: Pod, i: int) -> None:
+        self.in_system -= 1
+        lat = self.now - self.trace.times[i]
+        keda_http = self.flavour == "keda" and not self.is_event[i]
+        if keda_http and self.now - self.forwarded[i] > self.v["keda.http.response_header_timeout_s"]:
+            self.rejected += 1  # the interceptor stopped waiting for the headers: 502, work wasted
+        else:
+            self.latency[i] = lat
+            if self.flavour == "knative" and lat > self.v["kpa.revision_timeout_s"]:
+                self.timed_out += 1
+        pod.busy = False
+        # The predictor drops requests still queued after REQUEST_TIMEOUT_S (503).
+        while pod.queue and self.now - self.forwarded[pod.queue[0]] > self.v["pod.request_timeout_s"]:
+            self._reject(pod.queue.popleft())
+        if pod.queue:
+            nxt = pod.queue.popleft()
+            pod.busy = True
+            self._push(self.now + self.profile.synthesis_s(self.trace.chars[nxt]), _COMPLETE, (pod, nxt))
+        elif pod.state == "draining":
+            self._gone(pod)
+        self._dispatch()
+
+    # --- controllers ---------------------------------------------------------------------------
+    def _setup(self) -> None:
+        v = self.v
+        if self.flavour == "knative":
+            # As Knative's ResolveMetricTarget: a soft target above the hard limit is the hard limit.
+            cc = v["kpa.container_concurrency"]
+            target = (min(v["kpa.target"], cc) if cc > 0 else v["kpa.target"]) * v["kpa.target_utilization"]
+            stable = v["kpa.stable_window_s"]
+            self.decider = knative_kpa.Decider(
+                knative_kpa.DeciderSpec(
+                    target_value=target,
+                    total_value=v["kpa.target"]
+                    if v["kpa.container_concurrency"] == 0
+                    else v["kpa.container_concurrency"],
+                    target_burst_capacity=v["kpa.target_burst_capacity"],
+                    panic_threshold=v["kpa.panic_threshold_pct"] / 100,
+                    max_scale_up_rate=v["kpa.max_scale_up_rate"],
+                    max_scale_down_rate=v["kpa.max_scale_down_rate"],
+                    stable_window_s=stable,
+                    scale_down_delay_s=v["kpa.scale_down_delay_s"],
+                    activation_scale=v["kpa.activation_scale"],
+                ),
+                ready_pods_at_start=v["replicas.start"],
+            )
+            self.to_zero = knative_kpa.ScaleToZero(v["kpa.pod_retention_s"], v["kpa.scale_to_zero_grace_s"])
+            self.tick_s = knative_kpa.TICK_S
+            self.stable_n = max(1, round(stable / self.tick_s))
+            self.panic_n = max(1, round(stable * v["kpa.panic_window_pct"] / 100 / self.tick_s))
+            self.history: deque[tuple[float, float, int]] = deque(maxlen=self.stable_n + 1)
+        else:
+            self.triggers = keda.Triggers(
+                v["keda.prom.threshold"],
+                v["keda.prom.activation"],
+                v["keda.http.target"],
+                v["keda.kafka.lag_threshold"],
+                v["keda.kafka.activation"],
+            )
+            self.executor = keda.Executor(v["keda.cooldown_s"], v["keda.initial_cooldown_s"], self.min_pods)
+            self.behavior = hpa.Behavior(
+                _rules(v, "hpa.scale_up"), _rules(v, "hpa.scale_down"), max(1, self.min_pods), self.max_pods
+            )
+            self.tick_s = v["keda.polling_interval_s"]
+            self.queue_depth: float | None = None
+            self._push(0.0, _SCRAPE)
+            self._push(v["hpa.sync_s"], _HPA)
+        self._push(0.0, _TICK)
+        self._scale_to(v["replicas.start"])
+        for pod in self.pods:  # already running when the trace starts
+            pod.state, pod.ready_s = "ready", 0.0
+
+    def _activate(self) -> None:
+        """The activator (Knative) or the interceptor's push (KEDA): a request at zero starts pods now."""
+        if self.flavour == "knative":
+            self.to_zero.zero_since = None
+            self._scale_to(max(1, self.v["kpa.activation_scale"]))
+        else:
+            target = self.executor.decide(self.now, True, len(self._active_pods()))
+            if target is not None:
+                self._scale_to(target)
+
+    def _kpa_tick(self) -> None:
+        self.history.append((self.now, self.conc_integral, self.arrivals_count))
+        t0, c0, a0 = self.history[0]
+        span = max(self.now - t0, self.tick_s)
+        pi = max(0, len(self.history) - 1 - self.panic_n)
+        tp, cp, ap = self.history[pi]
+        pspan = max(self.now - tp, self.tick_s)
+        if self.v["kpa.metric"] == "rps":
+            stable, panic = (self.arrivals_count - a0) / span, (self.arrivals_count - ap) / pspan
+        else:
+            stable, panic = (self.conc_integral - c0) / span, (self.conc_integral - cp) / pspan
+        ready = len(self._ready_pods())
+        result = self.decider.scale(self.now, ready, stable, panic)
+        desired = max(self.min_pods, min(self.max_pods, result.desired_pod_count))
+        if self.held:  # the activator holds requests: the revision is activating, never zero
+            desired = max(desired, 1)
+        desired = self.to_zero.apply(self.now, desired) if self.min_pods == 0 else desired
+        if desired == 1 and not self._active_pods() and not self.held:
+            desired = 0  # already at zero and nothing asks for a pod: stay there
+        self._scale_to(desired)
+
+    def _keda_poll(self) -> None:
+        active = self.triggers.active(self.queue_depth, self._http_concurrency(), len(self.kafka))
+        target = self.executor.decide(self.now, active, len(self._active_pods()))
+        if target is not None:
+            self._scale_to(target)
+
+    def _http_concurrency(self) -> float:
+        return len(self.held) + sum(p.in_flight for p in self.pods if p.state != "gone")
+
+    def _hpa_sync(self) -> None:
+        current = len(self._active_pods())
+        if current == 0:
+            return  # KEDA sets replicas to 0 and the HPA is idle at zero
+        proposals = [
+            hpa.per_pod_replicas(usage, target, current, self.v["hpa.tolerance"])
+            for usage, target in self.triggers.metrics(
+                self.queue_depth, self._http_concurrency(), len(self.kafka)
+            )
+        ]
+        desired = max(proposals, default=current)
+        self._scale_to(self.behavior.normalize(current, desired, self.now))
+
+    def _sample(self) -> None:
+        tl = self.timeline
+        tl.t.append(self.now)
+        tl.ready.append(sum(1 for p in self.pods if p.state == "ready"))
+        tl.starting.append(sum(1 for p in self.pods if p.state == "starting"))
+        tl.waiting.append(len(self.held) + len(self.kafka) + sum(len(p.queue) for p in self.pods))
+
+    # --- loop ----------------------------------------------------------------------------------
+    def run(self) -> Result:
+        times = self.trace.times
+        n = len(times)
+        if self.flavour == "keda" and self.v["keda.events_fraction"] > 0:
+            step = 1 / self.v["keda.events_fraction"]
+            self.is_event = [(i % step) < 1 for i in range(n)]
+        horizon = (times[-1] if n else 0.0) + 3600.0  # an hour after the last arrival, to see idle cost
+        sample_s = max(1.0, horizon / 4000)
+        self._setup()
+        self._push(0.0, _SAMPLE)
+        nxt = 0
+        events = self.events
+        while True:
+            if nxt < n and (not events or times[nxt] <= events[0][0]):
+                self._advance(times[nxt])
+                self._arrive(nxt)
+                nxt += 1
+                continue
+            if not events:
+                break
+            t, _, kind, data = heapq.heappop(events)
+            if t > horizon and nxt >= n:
+                break
+            self._advance(t)
+            if kind == _COMPLETE:
+                self._complete(*data)
+            elif kind == _READY:
+                if data.state == "starting":
+                    data.state = "ready"
+                    self._dispatch()
+            elif kind == _TICK:
+                if self.flavour == "knative":
+                    self._kpa_tick()
+                else:
+                    self._keda_poll()
+                self._push(t + self.tick_s, _TICK)
+            elif kind == _SCRAPE:
+                ready = [p for p in self.pods if p.state != "gone"]
+                self.queue_depth = float(sum(len(p.queue) for p in ready)) if ready else None
+                self._push(t + self.v["keda.scrape_s"], _SCRAPE)
+            elif kind == _HPA:
+                self._hpa_sync()
+                self._push(t + self.v["hpa.sync_s"], _HPA)
+            elif kind == _SAMPLE:
+                self._sample()
+                self._push(t + sample_s, _SAMPLE)
+        # Whatever is still held at the end never got an answer.
+        for _ in range(len(self.held) + len(self.kafka)):
+            self.rejected += 1
+        return Result(
+            self.flavour,
+            times,
+            self.latency,
+            self.cold_waits,
+            self.rejected,
+            self.timed_out,
+            self.pod_seconds,
+            self.max_replicas,
+            self.pod_starts,
+            self.now,
+            self.timeline,
+        )
+
+
+def _rules(v: dict[str, Any], prefix: str) -> hpa.Rules:
+    from predictor.simulate.errors import SimulateError
+
+    policies = []
+    for item in filter(None, str(v[f"{prefix}.policies"]).split(",")):
+        parts = item.split(":")
+        if len(parts) != 3 or parts[0] not in ("Pods", "Percent"):
+            raise SimulateError(
+                f"{prefix}.policies: {item!r} is not TYPE:VALUE:PERIOD (TYPE Pods or Percent)"
+            )
+        try:
+            policies.append(hpa.Policy(parts[0], int(parts[1]), int(parts[2])))
+        except ValueError:
+            raise SimulateError(f"{prefix}.policies: {item!r}: VALUE and PERIOD are integers") from None
+    select = v[f"{prefix}.select"]
+    if select not in ("Max", "Min", "Disabled"):
+        raise SimulateError(f"{prefix}.select: {select!r} is not Max, Min or Disabled")
+    return hpa.Rules(v[f"{prefix}.window_s"], policies, select)
+
+
+def simulate(flavour: str, values: dict[str, Any], profile: Profile, trace: Trace) -> Result:
+    return Simulation(flavour, values, profile, trace).run()
