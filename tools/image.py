@@ -1,0 +1,247 @@
+"""Build the image with whatever engine this machine has: `make base-image`, `make image`.
+
+Usage: python -m tools.image base | build [-- EXTRA BUILD ARGS] | sizes
+
+Where a Docker engine answers, `docker build` runs the Dockerfile as users run it. Otherwise podman
+(Debian's) builds the same Dockerfile, with what these machines need and nothing a user needs:
+
+* runc, not crun: crun refuses cgroups in hybrid mode (v1 controllers beside a v2 mount);
+* explicit `--ulimit` values equal to this process's limits: podman's defaults exceed the hard limits
+  here and every container would fail to start;
+* `--network host`, so pip in the build reaches the package index this machine reaches;
+* no registry is reachable, so the Dockerfile's `FROM python:3.11-slim-bookworm` is satisfied by a base
+  built from Debian's own bookworm packages (debootstrap), imported under that name (`base`);
+* torch's CPU wheel comes from this machine's pip configuration (a local wheel), served to the build as
+  a one-package index mounted read-only and named by the Dockerfile's own TORCH_INDEX_URL argument;
+  it is never copied into the build context or the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "image"
+DOCKERFILE = ROOT / "Dockerfile"
+DEFAULT_TAG = "tts-predictor:dev"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+# What the python:3.11-slim-bookworm stand-in holds: the interpreter, venv (ensurepip, for the runtime
+# stage's `python3.11 -m venv`), pip (the build stage's `pip wheel`), CA certificates for the index.
+BASE_PACKAGES = ("python3.11", "python3.11-venv", "python3-pip", "python-is-python3", "ca-certificates")
+# Where the one-package torch index is mounted during the build.
+TORCH_INDEX_MOUNT = "/torch-index"
+
+
+class ImageError(Exception):
+    """A build step that cannot go on; the message says what is missing."""
+
+
+def base_image() -> str:
+    """The build stage's base as the Dockerfile names it, fully qualified as podman stores it."""
+    match = re.search(r"^FROM\s+(\S+)\s+AS\s+build\s*$", DOCKERFILE.read_text(), re.MULTILINE | re.IGNORECASE)
+    if not match:
+        raise ImageError("Dockerfile: no `FROM <image> AS build` line")
+    name = match.group(1)
+    if "/" not in name.split(":")[0]:
+        name = f"docker.io/library/{name}"
+    return name
+
+
+def engine() -> str:
+    """docker where a Docker engine answers, else podman."""
+    if shutil.which("docker") and _quiet(["docker", "info"]):
+        return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    raise ImageError("neither a running Docker engine nor podman: `make system-packages` installs podman")
+
+
+def podman_flags() -> list[str]:
+    """Runtime and limits for `podman build` and `podman run` on these machines (see the module doc)."""
+    flags = []
+    if shutil.which("runc"):
+        flags += ["--runtime", "runc"]
+    for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        soft, hard = resource.getrlimit(limit)
+        if hard != resource.RLIM_INFINITY:
+            flags += ["--ulimit", f"{name}={soft if soft != resource.RLIM_INFINITY else hard}:{hard}"]
+    return flags
+
+
+def image_exists(tool: str, name: str) -> bool:
+    return _quiet([tool, "image", "inspect", name])
+
+
+def registry_reachable(timeout_s: float = 5.0) -> bool:
+    """Docker Hub's registry answers (401 without a token counts: it is there)."""
+    try:
+        urllib.request.urlopen("https://registry-1.docker.io/v2/", timeout=timeout_s)
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def ensure_base(tool: str) -> str:
+    """The Dockerfile's base image present locally: pulled where a registry answers, else debootstrapped."""
+    name = base_image()
+    if image_exists(tool, name):
+        return name
+    if registry_reachable():
+        subprocess.run([tool, "pull", name], check=True)
+        return name
+    build_base(tool, name)
+    return name
+
+
+def build_base(tool: str, name: str) -> None:
+    """A python:3.11-slim-bookworm stand-in from Debian bookworm's packages (no registry needed)."""
+    if not shutil.which("debootstrap"):
+        raise ImageError("no registry reachable and no debootstrap: `make system-packages` installs it")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        print(f"debootstrap bookworm ({', '.join(BASE_PACKAGES)}) -> {name}", flush=True)
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm"]
+            + [str(rootfs), DEBIAN_MIRROR],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        # The official image's interpreter is not Debian-managed, so pip may install into it (PEP 668).
+        (rootfs / "usr/lib/python3.11/EXTERNALLY-MANAGED").unlink(missing_ok=True)
+        for junk in ("var/lib/apt/lists", "var/cache/apt", "var/log"):
+            for child in (rootfs / junk).glob("*"):
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", "-", "."], stdout=subprocess.PIPE)
+        subprocess.run(
+            [tool, "import", "--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["python3"]']
+            + ["--message", f"local stand-in for {name}: debootstrap bookworm + {' '.join(BASE_PACKAGES)}"]
+            + ["-", name],
+            stdin=tar.stdout,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        if tar.wait() != 0:
+            raise ImageError("tar of the debootstrapped tree failed")
+
+
+def torch_pin() -> str:
+    match = re.search(r'"torch==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    if not match:
+        raise ImageError("pyproject.toml: no torch==<version> pin")
+    return match.group(1)
+
+
+def local_torch_index() -> Path | None:
+    """A one-package index holding the CPU torch wheel this machine's pip resolves, or None.
+
+    None where pip's configured indexes give no CPU build: the Dockerfile's default (torch's CPU index)
+    is used then.
+    """
+    pin = torch_pin()
+    index = CACHE / "torch-index"
+    package = index / "torch"
+    wheels = sorted(package.glob(f"torch-{pin}+cpu-*.whl"))
+    if not wheels:
+        package.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+                + ["--python-version", "3.11", f"torch=={pin}", "-d", tmp],
+                check=True,
+            )
+            found = [w for w in Path(tmp).glob("torch-*.whl") if "+cpu" in w.name]
+            if not found:
+                return None
+            # Same filesystem (both under .cache): an atomic move, never a half-copied wheel.
+            wheels = [found[0].replace(package / found[0].name)]
+    links = "".join(f'<a href="{html.escape(w.name)}">{html.escape(w.name)}</a>\n' for w in wheels)
+    (package / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+    return index
+
+
+def build(tag: str, extra: list[str]) -> None:
+    tool = engine()
+    if tool == "docker":
+        subprocess.run(["docker", "build", "-t", tag, *extra, str(ROOT)], check=True)
+        return
+    ensure_base(tool)
+    args = ["podman", "build", *podman_flags(), "--network", "host", "--pull=never", "-t", tag]
+    index = local_torch_index()
+    if index is not None:
+        args += ["--volume", f"{index}:{TORCH_INDEX_MOUNT}:ro,z"]
+        args += ["--build-arg", f"TORCH_INDEX_URL=file://{TORCH_INDEX_MOUNT}"]
+    subprocess.run([*args, *extra, str(ROOT)], check=True)
+
+
+def layer_sizes(tool: str, name: str) -> list[tuple[int, str]]:
+    """(bytes, instruction) per layer, newest first, as `history` reports them."""
+    out = subprocess.run(
+        [tool, "history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", name],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [(_bytes(size), created) for size, _, created in (line.partition("\t") for line in out.splitlines())]
+
+
+def image_bytes(tool: str, name: str) -> int:
+    out = subprocess.run(
+        [tool, "image", "inspect", "--format", "{{.Size}}", name], check=True, capture_output=True, text=True
+    )
+    return int(out.stdout.strip())
+
+
+def _bytes(size: str) -> int:
+    """`history` sizes: '1.2GB', '394 kB', '0B' (decimal units, as podman and docker print them)."""
+    match = re.fullmatch(r"\s*([\d.]+)\s*([kMGT]?B)\s*", size)
+    if not match:
+        return 0
+    factor = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}[match.group(2)]
+    return int(float(match.group(1)) * factor)
+
+
+def _quiet(args: list[str]) -> bool:
+    return subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.image")
+    parser.add_argument("command", choices=("base", "build", "sizes"))
+    parser.add_argument("--tag", default=DEFAULT_TAG)
+    parser.add_argument("extra", nargs="*", help="passed to the engine's build (after --)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "base":
+            print(ensure_base(engine()))
+        elif args.command == "build":
+            build(args.tag, args.extra)
+        else:
+            tool = engine()
+            base = base_image()
+            print(f"{args.tag}: {image_bytes(tool, args.tag) / 1e6:.0f} MB; {base}: {image_bytes(tool, base) / 1e6:.0f} MB")
+            for size, created in layer_sizes(tool, args.tag):
+                print(f"{size / 1e6:10.1f} MB  {created[:120]}")
+    except ImageError as exc:
+        print(f"image: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:
+        print(f"image: {' '.join(map(str, exc.cmd))[:300]} exited {exc.returncode}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
