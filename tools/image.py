@@ -114,8 +114,14 @@ def build_base(tool: str, name: str) -> None:
         rootfs = Path(tmp) / "rootfs"
         print(f"debootstrap bookworm ({', '.join(BASE_PACKAGES)}) -> {name}", flush=True)
         subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm"]
-            + [str(rootfs), DEBIAN_MIRROR],
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                "bookworm",
+                str(rootfs),
+                DEBIAN_MIRROR,
+            ],
             check=True,
             stdout=subprocess.DEVNULL,
         )
@@ -124,11 +130,22 @@ def build_base(tool: str, name: str) -> None:
         for junk in ("var/lib/apt/lists", "var/cache/apt", "var/log"):
             for child in (rootfs / junk).glob("*"):
                 shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", "-", "."], stdout=subprocess.PIPE)
+        tar = subprocess.Popen(
+            ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", "-", "."], stdout=subprocess.PIPE
+        )
         subprocess.run(
-            [tool, "import", "--change", "ENV LANG=C.UTF-8", "--change", 'CMD ["python3"]']
-            + ["--message", f"local stand-in for {name}: debootstrap bookworm + {' '.join(BASE_PACKAGES)}"]
-            + ["-", name],
+            [
+                tool,
+                "import",
+                "--change",
+                "ENV LANG=C.UTF-8",
+                "--change",
+                'CMD ["python3"]',
+                "--message",
+                f"local stand-in for {name}: debootstrap bookworm + {' '.join(BASE_PACKAGES)}",
+                "-",
+                name,
+            ],
             stdin=tar.stdout,
             check=True,
             stdout=subprocess.DEVNULL,
@@ -158,8 +175,20 @@ def local_torch_index() -> Path | None:
         package.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
-                + ["--python-version", "3.11", f"torch=={pin}", "-d", tmp],
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--python-version",
+                    "3.11",
+                    f"torch=={pin}",
+                    "-d",
+                    tmp,
+                ],
                 check=True,
             )
             found = [w for w in Path(tmp).glob("torch-*.whl") if "+cpu" in w.name]
@@ -194,7 +223,9 @@ def layer_sizes(tool: str, name: str) -> list[tuple[int, str]]:
         capture_output=True,
         text=True,
     ).stdout
-    return [(_bytes(size), created) for size, _, created in (line.partition("\t") for line in out.splitlines())]
+    return [
+        (_bytes(size), created) for size, _, created in (line.partition("\t") for line in out.splitlines())
+    ]
 
 
 def image_bytes(tool: str, name: str) -> int:
@@ -231,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             tool = engine()
             base = base_image()
-            print(f"{args.tag}: {image_bytes(tool, args.tag) / 1e6:.0f} MB; {base}: {image_bytes(tool, base) / 1e6:.0f} MB")
+            print(
+                f"{args.tag}: {image_bytes(tool, args.tag) / 1e6:.0f} MB; {base}: {image_bytes(tool, base) / 1e6:.0f} MB"
+            )
             for size, created in layer_sizes(tool, args.tag):
                 print(f"{size / 1e6:10.1f} MB  {created[:120]}")
     except ImageError as exc:
