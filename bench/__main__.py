@@ -22,7 +22,7 @@ from types import FrameType
 
 from bench.common import REPO, Row, Session, SuiteResult, log
 
-SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow")
+SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow", "image")
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
 
@@ -47,6 +47,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import events
 
         return events.run(session, requests=args.events_requests, concurrency=args.events_concurrency)
+    if name == "image":
+        from bench import image
+
+        return image.run(session)
     if name == "shadow":
         from bench import shadow
 

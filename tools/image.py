@@ -6,11 +6,14 @@ Where a Docker engine answers, `docker build` runs the Dockerfile as users run i
 (Debian's) builds the same Dockerfile, with what these machines need and nothing a user needs:
 
 * runc, not crun: crun refuses cgroups in hybrid mode (v1 controllers beside a v2 mount);
-* explicit `--ulimit` values equal to this process's limits: podman's defaults exceed the hard limits
-  here and every container would fail to start;
+* explicit `--ulimit` values within this process's limits: podman's defaults exceed the hard limits
+  here and every container would fail to start (`podman_flags`);
 * `--network host`, so pip in the build reaches the package index this machine reaches;
 * no registry is reachable, so the Dockerfile's `FROM python:3.11-slim-bookworm` is satisfied by a base
   built from Debian's own bookworm packages (debootstrap), imported under that name (`base`);
+* pip in the build uses this machine's pip configuration (`pip config list`: CA bundle of the TLS
+  proxy in front of pypi.org, local indexes and wheel directories), written to a pip.conf mounted at
+  /etc/pip.conf with every local path it names mounted read-only at the same place (`pip_mounts`);
 * torch's CPU wheel comes from this machine's pip configuration (a local wheel), served to the build as
   a one-package index mounted read-only and named by the Dockerfile's own TORCH_INDEX_URL argument;
   it is never copied into the build context or the repository.
@@ -67,14 +70,28 @@ def engine() -> str:
 
 
 def podman_flags() -> list[str]:
-    """Runtime and limits for `podman build` and `podman run` on these machines (see the module doc)."""
+    """Runtime and limits for `podman build` and `podman run` on these machines (see the module doc).
+
+    Rootful podman asks for RLIMIT_NOFILE 1048576 and RLIMIT_NPROC 4194304 by default; without
+    CAP_SYS_RESOURCE (as here) runc may not raise a limit, and every container fails to start. So each
+    limit is set to this process's own, and NPROC also to at most kernel.pid_max: podman's runtime
+    runs with NPROC capped there (32768 here, while the shell holds 96365), and asking for more fails
+    the same way.
+    """
     flags = []
     if shutil.which("runc"):
         flags += ["--runtime", "runc"]
-    for name, limit in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    for name, limit, cap in (
+        ("nofile", resource.RLIMIT_NOFILE, None),
+        ("nproc", resource.RLIMIT_NPROC, pid_max),
+    ):
         soft, hard = resource.getrlimit(limit)
-        if hard != resource.RLIM_INFINITY:
-            flags += ["--ulimit", f"{name}={soft if soft != resource.RLIM_INFINITY else hard}:{hard}"]
+        if hard == resource.RLIM_INFINITY:
+            continue
+        hard = min(hard, cap) if cap else hard
+        soft = hard if soft == resource.RLIM_INFINITY else min(soft, hard)
+        flags += ["--ulimit", f"{name}={soft}:{hard}"]
     return flags
 
 
@@ -201,13 +218,48 @@ def local_torch_index() -> Path | None:
     return index
 
 
+# pip settings carried into the build, and which of them name local paths to mount.
+_PIP_KEYS = ("cert", "index-url", "extra-index-url", "find-links", "constraint", "default-timeout")
+_PIP_PATH_KEYS = ("cert", "index-url", "extra-index-url", "find-links", "constraint")
+
+
+def pip_mounts() -> list[str]:
+    """`--volume` flags giving the build's pip this machine's pip configuration (see the module doc)."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], check=True, capture_output=True, text=True
+    ).stdout
+    settings: dict[str, str] = {}
+    for line in listing.splitlines():
+        match = re.fullmatch(r"[^.]*\.([\w-]+)='(.*)'", line.strip())
+        if match and match.group(1) in _PIP_KEYS:
+            settings.setdefault(match.group(1), match.group(2))
+    if not settings:
+        return []
+    paths: set[str] = set()
+    for key in _PIP_PATH_KEYS:
+        for value in settings.get(key, "").split():
+            path = value.removeprefix("file://")
+            if not path.startswith("/"):
+                continue  # a remote index: reached over the host network
+            # A PEP 503 tree links from simple/<name>/ to ../../<files>: mount the tree, not simple/.
+            paths.add(str(Path(path).parent) if Path(path).name == "simple" else path)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    conf = CACHE / "pip.conf"
+    conf.write_text("[global]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
+    flags = ["--volume", f"{conf}:/etc/pip.conf:ro,z"]
+    for path in sorted(paths):
+        if Path(path).exists():
+            flags += ["--volume", f"{path}:{path}:ro"]
+    return flags
+
+
 def build(tag: str, extra: list[str]) -> None:
     tool = engine()
     if tool == "docker":
         subprocess.run(["docker", "build", "-t", tag, *extra, str(ROOT)], check=True)
         return
     ensure_base(tool)
-    args = ["podman", "build", *podman_flags(), "--network", "host", "--pull=never", "-t", tag]
+    args = ["podman", "build", *podman_flags(), "--network", "host", "--pull=never", "-t", tag, *pip_mounts()]
     index = local_torch_index()
     if index is not None:
         args += ["--volume", f"{index}:{TORCH_INDEX_MOUNT}:ro,z"]
