@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The one place the manifest renderer is imported for the image's tests and benchmark.
-from tests.manifests import predictor_container, render
-from tools.image import podman_flags
+from predictor.deploy.kustomize import render
+from tools.image import ROOT, podman_flags
+from tools.manifests import predictor_container
 
 OVERLAY = "knative/overlays/cpu"
 ISVC = "tts"
@@ -52,7 +53,7 @@ class PodSpec:
 
 def manifest_pod(overlay: str = OVERLAY, name: str = ISVC) -> PodSpec:
     isvc = next(
-        o for o in render(overlay) if o["kind"] == "InferenceService" and o["metadata"]["name"] == name
+        o for o in render(ROOT / overlay) if o["kind"] == "InferenceService" and o["metadata"]["name"] == name
     )
     container = predictor_container(isvc)
     volumes = {v["name"]: v for v in isvc["spec"]["predictor"].get("volumes", [])}
