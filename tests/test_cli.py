@@ -111,7 +111,7 @@ def test_readme_documents_every_setting():
 def test_readme_documents_every_metric():
     from prometheus_client.metrics import MetricWrapperBase
 
-    import predictor.metrics as metrics
+    from predictor.observability import metrics
 
     readme = (ROOT / "README.md").read_text()
     names = [m._name for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]

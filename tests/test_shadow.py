@@ -34,7 +34,7 @@ from predictor.audio import fingerprint
 from predictor.config import load_settings
 from predictor.observability import metrics
 from predictor.shadow import compare
-from predictor.shadow import recorder as records
+from predictor.shadow import recorder as recording
 
 SR = 22050
 
@@ -64,7 +64,7 @@ def record(rid: str, revision: str, audio: np.ndarray, *, latency_s: float = 0.5
         "audio_s": len(audio) / SR if ok else None,
         "sample_rate": SR if ok else None,
         "items": 1,
-        "text_sha256": records.text_sha256([rid]),
+        "text_sha256": recording.text_sha256([rid]),
         "mcep": fingerprint.fingerprint(audio, SR).tolist() if ok else None,
     }
 
@@ -150,15 +150,15 @@ class ListSink:
         self.batches.append([json.loads(line) for line in body.splitlines()])
 
 
-def _capture(text: str) -> records.Capture:
-    c = records.Capture()
+def _capture(text: str) -> recording.Capture:
+    c = recording.Capture()
     c.add([text], [voiced(len(text))], SR)
     return c
 
 
 def test_recorder_writes_full_batches_then_the_rest_when_they_are_old_enough():
     sink = ListSink()
-    recorder = records.Recorder(sink, "rev", batch_records=3, flush_s=0.3, queue_size=100)
+    recorder = recording.Recorder(sink, "rev", batch_records=3, flush_s=0.3, queue_size=100)
 
     for i in range(7):
         recorder.submit(f"id{i}", "/v2/models/{model_name}/infer", 200, 0.1, _capture(f"text {i}"))
@@ -170,13 +170,13 @@ def test_recorder_writes_full_batches_then_the_rest_when_they_are_old_enough():
     assert [len(b) for b in sink.batches] == [3, 3, 1]
     first = sink.batches[0][0]
     assert first["id"] == "id0" and first["revision"] == "rev" and first["status"] == 200
-    assert first["text_sha256"] == records.text_sha256(["text 0"])
+    assert first["text_sha256"] == recording.text_sha256(["text 0"])
     assert np.asarray(first["mcep"]).shape == (fingerprint.FRAMES, fingerprint.N_CEPS)
 
 
 def test_full_queue_drops_records_instead_of_slowing_the_request():
     gate = threading.Event()  # the sink hangs until released, as a stalled S3 would
-    recorder = records.Recorder(ListSink(gate), "rev", batch_records=1, flush_s=60, queue_size=2)
+    recorder = recording.Recorder(ListSink(gate), "rev", batch_records=1, flush_s=60, queue_size=2)
     dropped = metrics.SHADOW_RECORDS.labels("dropped")
     before = dropped._value.get()
 
@@ -275,7 +275,7 @@ def test_canary_errors_fail_naming_error_rate(capsys, stable_file, tmp_path):
 def test_matched_ids_with_different_texts_fail_saying_ids_are_not_unique(capsys, stable_file, tmp_path):
     def other_text(i: int) -> dict:
         r = record(f"r{i}", "canary", voiced(i), latency_s=LATENCIES[i])
-        return {**r, "text_sha256": records.text_sha256([f"something else {i}"])} if i == 3 else r
+        return {**r, "text_sha256": recording.text_sha256([f"something else {i}"])} if i == 3 else r
 
     code, out, _ = run_compare(
         capsys, "--stable", str(stable_file), "--canary", str(canary(tmp_path, other_text))
@@ -409,7 +409,7 @@ def test_stdout_sink_prints_one_record_per_synthesis_request_errors_included(std
     assert (
         ok["audio_s"] > 0.5
         and ok["sample_rate"] == 22050
-        and ok["text_sha256"] == records.text_sha256(["Keep a record."])
+        and ok["text_sha256"] == recording.text_sha256(["Keep a record."])
     )
     assert np.asarray(ok["mcep"]).shape == (fingerprint.FRAMES, fingerprint.N_CEPS)
     assert "Keep a record" not in json.dumps(ok), "the text itself must not leave the pod"
@@ -446,7 +446,7 @@ def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor)
     got = _wait_for_records(stdout_predictor, "grpc-infer-1")["grpc-infer-1"]
 
     assert got["route"] == "grpc:ModelInfer" and got["status"] == 200 and got["audio_s"] > 0.3
-    assert got["text_sha256"] == records.text_sha256(["Over gRPC."])
+    assert got["text_sha256"] == recording.text_sha256(["Over gRPC."])
 
 
 def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predictor):
@@ -462,7 +462,7 @@ def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predict
     for rid, response in (("speech-1", whole), ("speech-2", streamed)):
         record = got[rid]
         assert record["route"] == "/v1/audio/speech" and record["items"] == 2
-        assert record["text_sha256"] == records.text_sha256(["First sentence here.", "And a second one."])
+        assert record["text_sha256"] == recording.text_sha256(["First sentence here.", "And a second one."])
         assert np.asarray(record["mcep"]).shape == (fingerprint.FRAMES, fingerprint.N_CEPS)
         # Segments are recorded as synthesized, before the crossfade shortens each join a little.
         assert record["audio_s"] == pytest.approx(len(response.content) / 2 / 22050, abs=0.2)
@@ -517,7 +517,7 @@ def test_s3_sink_writes_batches_and_the_tail_on_sigterm(start_predictor, s3_serv
     records = {r["id"]: r for batch in after_stop for r in batch}
     assert sorted(records) == sorted(sent)
     assert records["s3-6"]["status"] == 400
-    assert records["s3-2"]["text_sha256"] == records.text_sha256(["Batch record number 2."])
+    assert records["s3-2"]["text_sha256"] == recording.text_sha256(["Batch record number 2."])
     assert {r["revision"] for r in records.values()} == {"rev-s3"}
     assert dropped == 0
 

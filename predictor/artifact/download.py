@@ -167,7 +167,7 @@ def _classify(exc: Any, where: str) -> Exception:
         return StorageError(f"{where}: access denied ({f.detail}); check the credentials and bucket policy")
     if f.bad_range:
         return IntegrityError(f"{where}: object is shorter than the manifest says ({f.detail})")
-    if f.busy:
+    if f.transient:
         return _Retryable(f"{where}: {f.detail}")
     return StorageError(f"{where}: {f.detail}")
 

@@ -379,7 +379,7 @@ def _translated(target: OutputTarget) -> Iterator[None]:
         detail = f.detail
         if f.code == "NoSuchBucket":
             raise BadRequest(f"{where}: bucket {target.bucket!r} does not exist") from exc
-        if f.busy:
+        if f.throttled:
             raise OutputUnavailable(f"{where}: storage is busy ({detail}); retry later") from exc
         if f.denied:
             raise OutputError(

@@ -5,18 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Codes S3 (and S3-compatible stores) answer when a retry later can succeed.
+# Codes S3 (and S3-compatible stores) answer when it sheds load: the caller should slow down.
 THROTTLED_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "RequestTimeout",
-        "InternalError",
-        "ServiceUnavailable",
-        "RequestLimitExceeded",
-    }
+    {"SlowDown", "Throttling", "ThrottlingException", "ServiceUnavailable", "RequestLimitExceeded"}
 )
+# Codes after which the same request may succeed when repeated (a fetch retries its part).
+TRANSIENT_CODES = THROTTLED_CODES | {"RequestTimeout", "InternalError"}
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
 DENIED_CODES = frozenset({"AccessDenied", "403"})
 PRECONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
@@ -47,9 +41,14 @@ class S3Failure:
         return self.status == 412 or self.code in PRECONDITION_CODES
 
     @property
-    def busy(self) -> bool:
-        """Throttled or failing on the server's side: retrying later can succeed."""
-        return self.status >= 500 or self.status == 429 or self.code in THROTTLED_CODES
+    def throttled(self) -> bool:
+        """The store is shedding load (503, 429, SlowDown...): come back later."""
+        return self.status in (429, 503) or self.code in THROTTLED_CODES
+
+    @property
+    def transient(self) -> bool:
+        """Throttled or failing on the server's side: repeating the same request can succeed."""
+        return self.status >= 500 or self.throttled or self.code in TRANSIENT_CODES
 
 
 def failure(exc: Any) -> S3Failure:
