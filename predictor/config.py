@@ -24,6 +24,12 @@ class Settings(BaseSettings):
 
     # --- identity and ports (KServe defaults) ---
     model_name: str = Field("tts", description="Model name in the v1/v2 routes.")
+    model_version: str = Field(
+        "1",
+        min_length=1,
+        description="The one model version served: v2 versioned routes and gRPC version fields naming it "
+        "answer as unversioned ones, any other version is 404 / NOT_FOUND.",
+    )
     http_port: int = Field(8080, ge=1, le=65535, description="REST port (KServe default).")
     grpc_port: int = Field(8081, ge=0, le=65535, description="gRPC port (KServe default); 0 disables.")
 
@@ -101,6 +107,43 @@ class Settings(BaseSettings):
     )
     request_timeout_s: float = Field(
         30.0, gt=0, description="A request still queued after this long is dropped (503), seconds."
+    )
+
+    # --- connection limits: what one client may cost the pod, REST and gRPC ---
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body (REST) or message (gRPC), bytes; a larger one is refused with 413 "
+        "(RESOURCE_EXHAUSTED) before it is read in full or parsed. The largest valid request, "
+        "MAX_BATCH_ITEMS texts of MAX_TEXT_CHARS characters JSON-escaped, is about 2 MB.",
+    )
+    max_header_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers; gRPC metadata), bytes; beyond it "
+        "431 (h11), or the gRPC stream is reset. Bounds what a client that never finishes its headers holds.",
+    )
+    max_header_count: int = Field(
+        100, ge=8, description="Most request headers (REST); one more is refused with 431, headers."
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest a client may take to send its request body, seconds; then 408 and the "
+        "connection is closed. A client sending one byte a second holds a socket, never the engine.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Most concurrent HTTP connections and in-progress requests (uvicorn limit_concurrency) "
+        "and concurrent gRPC calls; beyond it 503 / RESOURCE_EXHAUSTED. Bounds sockets and memory, "
+        "not synthesis (MAX_QUEUE does that).",
+    )
+    keepalive_timeout_s: float = Field(
+        65.0,
+        gt=0,
+        description="How long an idle keep-alive connection is held, seconds (KServe's default; above "
+        "the 60 s idle timeout of common load balancers, so they close first).",
     )
 
     # --- lifecycle ---

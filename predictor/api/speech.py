@@ -21,7 +21,7 @@ from predictor import text
 from predictor.audio import codecs, crossfade
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
-from predictor.errors import BadRequest
+from predictor.errors import BadRequest, NothingToSpeak
 from predictor.observability import metrics
 from predictor.serving.service import TTSService
 
@@ -30,7 +30,9 @@ SPEED_RANGE = (0.25, 4.0)
 
 
 class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: the API is typed, so `speed: true` or `stream: "yes"` is a mistake to name, not to coerce
+    # (an integer speed is still a number).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     input: str
@@ -57,6 +59,9 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
             raise BadRequest(f"unknown model {body.model!r}; this server serves {settings.model_name!r}")
         if not body.input.strip():
             raise BadRequest("input is empty")
+        source = text.normalize(body.input)
+        if not text.has_pronounceable(source):
+            raise NothingToSpeak("input has nothing to speak (no phonemes)")
         if len(body.input) > settings.max_stream_text_chars:
             raise BadRequest(
                 f"input has {len(body.input)} characters; the limit is MAX_STREAM_TEXT_CHARS={settings.max_stream_text_chars}"
@@ -64,10 +69,13 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         fmt = codecs.get_format(body.response_format).name
         params = SynthesisParams(length_scale=1.0 / body.speed, voice=body.voice)
         service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
-        pieces = _speech(service, body.input, params, settings, time.monotonic())
+        pieces = _speech(service, source, params, settings, time.monotonic())
         if body.stream:
+            # The first piece before the first byte: a 400 (nothing to speak) or 503 can still be one.
+            first = await anext(pieces)
             return StreamingResponse(
-                _encoded(pieces, fmt, service.sample_rate), media_type=codecs.FORMATS[fmt].media_type
+                _encoded(_prepend(first, pieces), fmt, service.sample_rate),
+                media_type=codecs.FORMATS[fmt].media_type,
             )
         whole = [piece async for piece in pieces]
         return Response(
@@ -84,14 +92,27 @@ async def _speech(
     """Crossfaded PCM, one piece per segment as it is synthesized (the last piece holds the tail)."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
     first = True
-    for segment in text.iter_segments(text.normalize(source), settings.max_segment_chars):
-        result = await service.synthesize([segment], params)
+    for segment in text.iter_segments(source, settings.max_segment_chars):
+        try:
+            result = await service.synthesize([segment], params)
+        except NothingToSpeak:
+            # A segment espeak-ng reads as nothing (a lone symbol it skips) is silence, not an error,
+            # unless the whole input is: then the first piece below raises before any byte is sent.
+            continue
         piece = joiner.push(result.audio[0])
         if first:
             metrics.FIRST_PACKET_SECONDS.observe(time.monotonic() - started)
             first = False
         yield piece
+    if first:
+        raise NothingToSpeak("input has nothing to speak (no phonemes)")
     yield joiner.finish()
+
+
+async def _prepend(first: np.ndarray, rest: AsyncIterator[np.ndarray]) -> AsyncIterator[np.ndarray]:
+    yield first
+    async for piece in rest:
+        yield piece
 
 
 async def _encoded(pieces: AsyncIterator[np.ndarray], fmt: str, sample_rate: int) -> AsyncIterator[bytes]:

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from predictor import text as text_prep
 from predictor.config import Settings
 from predictor.engine.base import Engine, SynthesisParams
-from predictor.errors import BadRequest, NotReady
+from predictor.errors import BadRequest, NothingToSpeak, NotReady
 from predictor.observability import metrics, tracing
 from predictor.serving.batcher import Batcher
 from predictor.shadow import recorder as records
@@ -115,6 +116,8 @@ class TTSService:
                 raise BadRequest(
                     f"text[{i}] has {len(text)} characters; the limit is MAX_TEXT_CHARS={self.settings.max_text_chars}"
                 )
+            if not text_prep.has_pronounceable(text):
+                raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
         self.check_params(params)
 
     def check_params(self, params: SynthesisParams) -> None:
@@ -150,7 +153,7 @@ class TTSService:
                 self._idle.notify_all()
         for i, a in enumerate(audio):
             if len(a) == 0:
-                raise BadRequest(f"text[{i}] has nothing to speak (no phonemes)")
+                raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
         records.capture(texts, audio, result.sample_rate)  # for this request's shadow record, if any
         metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
         metrics.AUDIO_SECONDS.observe(result.audio_seconds)
