@@ -208,6 +208,12 @@ class Settings(BaseSettings):
         description="Largest encoded audio an event reply carries inline (base64 adds a third on the wire), bytes; "
         "a larger result is refused with 413 asking for data.output. Brokers cap event size (Kafka: 1 MB by default).",
     )
+    ce_output_prefixes: str = Field(
+        "",
+        description="Comma-separated s3://bucket/prefix locations an event's data.output may name; an "
+        "output anywhere else is refused with 403 before storage is touched. Empty: no event may write "
+        "(inline replies only), so an event cannot aim the pod's credentials at any bucket they reach.",
+    )
     ce_output_part_size_mib: int = Field(
         8,
         ge=5,
@@ -251,6 +257,20 @@ class Settings(BaseSettings):
         if "://" in v and not v.startswith(("s3://", "file://")):
             raise ValueError("must be empty, stdout, s3://bucket/prefix or a local directory")
         return v
+
+    @field_validator("ce_output_prefixes")
+    @classmethod
+    def _output_prefixes(cls, v: str) -> str:
+        for prefix in filter(None, (p.strip() for p in v.split(","))):
+            rest = prefix[len("s3://") :] if prefix.startswith("s3://") else ""
+            if not rest.split("/", 1)[0]:
+                raise ValueError(f"{prefix!r} is not s3://bucket or s3://bucket/prefix")
+        return v
+
+    @property
+    def output_prefixes(self) -> list[str]:
+        """CE_OUTPUT_PREFIXES as directory URIs ending in "/": s3://b/out allows s3://b/out/x, not s3://b/outer."""
+        return [p.strip().rstrip("/") + "/" for p in self.ce_output_prefixes.split(",") if p.strip()]
 
     @property
     def revision_name(self) -> str:
