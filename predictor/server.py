@@ -29,7 +29,6 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import FastAPIDeprecationWarning, RequestValidationError
-from fastapi.routing import APIRoute
 from grpc import aio
 from kserve.errors import ModelNotReady, ServerNotReady
 from kserve.model_repository import ModelRepository
@@ -123,6 +122,7 @@ class _RESTServer(RESTServer):
             routes=SYNTHESIS_ROUTES,
             limits=Limits(
                 max_body_bytes=self._settings.max_request_bytes,
+                max_header_bytes=self._settings.max_header_bytes,
                 max_header_count=self._settings.max_header_count,
                 body_timeout_s=self._settings.body_timeout_s,
             ),
@@ -133,10 +133,12 @@ class _RESTServer(RESTServer):
         add_routes(app, self._service, self._settings)
         super()._register_endpoints(app)
         # `GET /v2/` answers as `/v2` (server metadata) instead of Starlette's redirect to it.
-        for route in list(app.routes):
-            if isinstance(route, APIRoute) and route.path == "/v2" and "GET" in (route.methods or ()):
-                app.add_api_route("/v2/", route.endpoint, methods=["GET"], include_in_schema=False)
-                break
+        dataplane = self.dataplane
+
+        async def server_metadata() -> dict[str, Any]:
+            return dict(await dataplane.metadata())
+
+        app.add_api_route("/v2/", server_metadata, methods=["GET"], include_in_schema=False)
 
     def _add_exception_handlers(self, app: FastAPI) -> None:
         super()._add_exception_handlers(app)

@@ -67,7 +67,11 @@ _REPLY_IDS = uuid.UUID("5b0c2f0e-8a0b-4f57-9a43-3f4c4e6f1d2a")
 
 
 def is_cloudevent(headers: Mapping[str, str]) -> bool:
-    return "ce-specversion" in headers or headers.get("content-type", "").split(";")[0].strip() == STRUCTURED
+    return "ce-specversion" in headers or _is_structured(headers)
+
+
+def _is_structured(headers: Mapping[str, str]) -> bool:
+    return headers.get("content-type", "").split(";")[0].strip().lower() == STRUCTURED
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     and parses JSON without a depth limit (a deeply nested body is a RecursionError); both are 400
     here, checked first.
     """
-    binary = "ce-specversion" in headers
+    # The mode as the SDK decides it: the structured content type wins over any ce- headers.
+    binary = not _is_structured(headers)
     if binary:
         _check_attributes({name: headers.get(f"ce-{name}") for name in (*_REQUIRED, *_OPTIONAL)}, "ce-")
     else:
@@ -114,7 +119,7 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
                 raise BadRequest(f"CloudEvent attribute {name!r} must be a string, integer or boolean")
     try:
         event = from_http(dict(headers), body, data_unmarshaller=_json_data)
-    except (CloudEventError, ValueError, TypeError, RecursionError) as exc:
+    except (CloudEventError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
         raise BadRequest(f"malformed CloudEvent: {exc}") from None
     if event["type"] != settings.ce_request_type:
         raise BadRequest(

@@ -25,10 +25,11 @@ log = logging.getLogger("predictor.server")
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may cost before it is refused (Settings: MAX_REQUEST_BYTES, MAX_HEADER_COUNT,
-    BODY_TIMEOUT_S)."""
+    """What one request may cost before it is refused (Settings: MAX_REQUEST_BYTES, MAX_HEADER_BYTES,
+    MAX_HEADER_COUNT, BODY_TIMEOUT_S)."""
 
     max_body_bytes: int
+    max_header_bytes: int
     max_header_count: int
     body_timeout_s: float
 
@@ -38,7 +39,8 @@ class RequestMiddleware:
     template and status; with a recorder, a shadow record for every request to a synthesis route
     (errors included: compare needs them).
 
-    Limits, before the app sees the request: more than ``max_header_count`` headers is 431; a declared
+    Limits, before the app sees the request: headers over ``max_header_bytes`` in all or more than
+    ``max_header_count`` of them is 431; a declared
     Content-Length over ``max_body_bytes`` is 413 at once, a chunked body is cut off with 413 as soon as
     it passes the limit, and a body still incomplete after ``body_timeout_s`` is 408. These answers
     carry ``Connection: close``: the rest of the body is never read.
@@ -151,6 +153,14 @@ class RequestMiddleware:
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         """(status, message) for a request refused on its head alone, before the app reads anything."""
         headers = scope["headers"]
+        # h11 bounds only a head that arrives in pieces (MAX_HEADER_BYTES, what a slow client may make
+        # it buffer); a whole head read at once is measured here.
+        size = sum(len(k) + len(v) + 4 for k, v in headers)
+        if size > self._limits.max_header_bytes:
+            return (
+                431,
+                f"request headers of {size} bytes; the limit is MAX_HEADER_BYTES={self._limits.max_header_bytes}",
+            )
         if len(headers) > self._limits.max_header_count:
             return (
                 431,
