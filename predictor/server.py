@@ -136,7 +136,7 @@ class _RESTServer(RESTServer):
         dataplane = self.dataplane
 
         async def server_metadata() -> dict[str, Any]:
-            return dict(await dataplane.metadata())
+            return dict(dataplane.metadata())
 
         app.add_api_route("/v2/", server_metadata, methods=["GET"], include_in_schema=False)
 
