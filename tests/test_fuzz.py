@@ -195,7 +195,7 @@ def test_binary_extension_bodies_never_answer_5xx(
     _check_http("REST v2 binary extension", response, repr(body[:200]))
 
 
-header_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30)
+header_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30).map(str.strip)
 
 
 @st.composite
