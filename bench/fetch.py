@@ -26,7 +26,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench import nginx
-from bench.common import PYTHON, REPO, Row, Session, SuiteResult, aws_env, child_env, log, median
+from bench.common import PYTHON, REPO, Row, Session, SuiteResult, log, median
+from testing.process import child_env
+from testing.s3 import aws_env, s3_client
 
 MiB = 1024 * 1024
 BUCKET = "bench-fetch"
@@ -88,12 +90,11 @@ def artifact(size_mib: int, files: int) -> Path:
 
 def upload(src: Path, moto_url: str, prefix: str) -> None:
     """Upload the files in parallel with boto3, manifest last (the fetcher's contract)."""
-    import boto3
     from boto3.s3.transfer import TransferConfig
 
     from predictor.artifact import MANIFEST, Manifest
 
-    client = boto3.session.Session().client("s3", endpoint_url=moto_url)
+    client = s3_client(moto_url)
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
         client.create_bucket(Bucket=BUCKET)
     manifest = Manifest.load(src / MANIFEST)
