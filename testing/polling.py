@@ -30,15 +30,13 @@ def wait_until(
 ) -> T:
     """Call ``predicate`` every ``interval`` seconds until it returns something truthy, and return that.
 
-    Raises TimeoutError naming ``what`` after ``timeout`` seconds. ``give_up`` is asked before each try
-    and ends the wait at once with GaveUp when it returns a reason; ``details`` (a log tail, say) is
+    Raises TimeoutError naming ``what`` after ``timeout`` seconds. ``give_up`` is asked after each
+    failed try and ends the wait at once with GaveUp when it returns a reason; ``details`` (a log tail, say) is
     appended to either message. Exceptions in ``ignore`` count as "not yet"; the last one is reported.
     """
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
     while True:
-        if give_up is not None and (reason := give_up()) is not None:
-            raise GaveUp(_message(f"{reason} before {what}", details))
         try:
             result = predicate()
         except ignore as exc:
@@ -46,6 +44,9 @@ def wait_until(
         else:
             if result:
                 return result
+        # Asked after the predicate: what already happened (a line logged before exiting) still counts.
+        if give_up is not None and (reason := give_up()) is not None:
+            raise GaveUp(_message(f"{reason} before {what}", details))
         if time.monotonic() >= deadline:
             break
         time.sleep(interval)

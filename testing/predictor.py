@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,10 @@ class PredictorProcess(Child):
 
     def post(self, path: str, timeout: float = 60.0, **kwargs: Any) -> httpx.Response:
         return httpx.post(self.url + path, timeout=timeout, **kwargs)
+
+    def stream(self, path: str, timeout: float = 120.0, **kwargs: Any) -> ContextManager[httpx.Response]:
+        """A streamed POST on a fresh connection: ``with p.stream(path, json=...) as response``."""
+        return httpx.stream("POST", self.url + path, timeout=timeout, **kwargs)
 
     def wait_live(self, timeout: float = 60.0) -> None:
         self.wait_for(lambda: self.get("/v2/health/live").status_code == 200, timeout, "live")

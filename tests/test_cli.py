@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,23 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import soundfile
-from conftest import aws_env_for
+
+from testing.predictor import run_cli as cli
+from testing.s3 import aws_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "predictor", *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_publish_then_fetch_round_trip(s3_server, tmp_path):
-    env = aws_env_for(s3_server)
+    env = aws_env(s3_server)
 
     published = cli("publish", "--to", "s3://cli-voices/joe", "--endpoint-url", s3_server, env=env)
     fetched = cli("fetch", "s3://cli-voices/joe", str(tmp_path / "model"), env=env)
@@ -42,7 +33,7 @@ def test_publish_then_fetch_round_trip(s3_server, tmp_path):
 
 
 def test_fetch_for_one_engine_skips_the_other_engines_weights(s3_server, tmp_path):
-    env = aws_env_for(s3_server)
+    env = aws_env(s3_server)
     cli("publish", "--to", "s3://cli-voices/joe-onnx", "--endpoint-url", s3_server, env=env)
 
     fetched = cli("fetch", "s3://cli-voices/joe-onnx", str(tmp_path / "model"), "--engine", "onnx", env=env)
@@ -54,7 +45,7 @@ def test_fetch_for_one_engine_skips_the_other_engines_weights(s3_server, tmp_pat
 
 
 def test_fetch_of_missing_artifact_fails_with_reason(s3_server, tmp_path):
-    run = cli("fetch", "s3://cli-voices/absent", str(tmp_path / "model"), env=aws_env_for(s3_server))
+    run = cli("fetch", "s3://cli-voices/absent", str(tmp_path / "model"), env=aws_env(s3_server))
 
     assert run.returncode == 1
     assert "manifest.json" in run.stderr
