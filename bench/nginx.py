@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import Session, log
+from testing.polling import answers
 from testing.ports import free_port
 from testing.process import Child
-from testing.s3 import answers
 
 _SERVER = """
     server {{

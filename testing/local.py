@@ -16,9 +16,10 @@ import sys
 from contextlib import ExitStack
 from types import FrameType
 
+from testing.polling import answers
 from testing.predictor import PredictorProcess
 from testing.process import REPO
-from testing.s3 import VOICE_URI, MotoServer, answers, aws_env, build_voice, publish_voice
+from testing.s3 import VOICE_URI, MotoServer, aws_env, build_voice, publish_voice
 
 CACHE = REPO / ".cache"
 # Cold start on a laptop CPU: download, load and warm-up take well under this.

@@ -54,5 +54,13 @@ def wait_until(
     raise TimeoutError(_message(f"timed out after {timeout:g} s waiting for {what}{tried}", details))
 
 
+def answers(url: str) -> bool:
+    """Whether an HTTP server answers at ``url`` at all (any status: moto's root says 4xx, say)."""
+    try:
+        return httpx.get(url, timeout=1).status_code < 600
+    except httpx.TransportError:
+        return False
+
+
 def _message(head: str, details: Callable[[], str] | None) -> str:
     return f"{head}\n{details()}" if details is not None else head

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from testing.polling import answers
 from testing.ports import free_port
 from testing.process import Child, child_env
 
@@ -49,14 +48,6 @@ def s3_client(endpoint: str) -> Any:
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
         region_name=REGION,
     )
-
-
-def answers(url: str) -> bool:
-    """Whether an HTTP server answers at ``url`` (any status: moto's root may say 4xx)."""
-    try:
-        return httpx.get(url, timeout=1).status_code < 600
-    except httpx.TransportError:
-        return False
 
 
 class MotoServer(Child):
