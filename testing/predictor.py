@@ -90,6 +90,12 @@ class PredictorProcess(Child):
         return super().stop(grace_s)
 
 
+def run_synth(model_dir: Path, text: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m predictor synth` from ``model_dir`` without noise (the same audio every time)."""
+    quiet = ["--noise-scale", "0", "--noise-w", "0"]
+    return run_cli("synth", "--model-dir", str(model_dir), *quiet, "--text", text, "--out", str(out), *args)
+
+
 def run_cli(
     *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

@@ -12,6 +12,7 @@ import numpy as np
 import soundfile
 
 from testing.predictor import run_cli as cli
+from testing.predictor import run_synth
 from testing.s3 import aws_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,19 +55,7 @@ def test_fetch_of_missing_artifact_fails_with_reason(s3_server, tmp_path):
 def test_synth_writes_speech_to_a_wav_file(voice_dir, tmp_path):
     out = tmp_path / "hello.wav"
 
-    run = cli(
-        "synth",
-        "--model-dir",
-        str(voice_dir),
-        "--noise-scale",
-        "0",
-        "--noise-w",
-        "0",
-        "--text",
-        "Hello from the command line.",
-        "--out",
-        str(out),
-    )
+    run = run_synth(voice_dir, "Hello from the command line.", out)
 
     assert run.returncode == 0, run.stderr
     audio, rate = soundfile.read(out, dtype="float32")

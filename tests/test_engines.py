@@ -17,7 +17,7 @@ from predictor.engine import SynthesisParams
 from predictor.engine.native import TorchEngine
 from predictor.engine.onnx import OnnxEngine
 from predictor.errors import BadRequest, EngineError
-from testing.predictor import run_cli
+from testing.predictor import run_synth
 
 QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
 TEXTS = [
@@ -112,21 +112,7 @@ def test_cli_synth_files_match_across_engines(voice_dir, tmp_path):
     outs = {}
     for engine in ("torch", "onnx"):
         outs[engine] = tmp_path / f"{engine}.wav"
-        run = run_cli(
-            "synth",
-            "--engine",
-            engine,
-            "--model-dir",
-            str(voice_dir),
-            "--noise-scale",
-            "0",
-            "--noise-w",
-            "0",
-            "--text",
-            TEXTS[1],
-            "--out",
-            str(outs[engine]),
-        )
+        run = run_synth(voice_dir, TEXTS[1], outs[engine], "--engine", engine)
         assert run.returncode == 0, run.stderr
 
     a, rate_a = soundfile.read(outs["torch"], dtype="float32")
