@@ -16,7 +16,7 @@ import sys
 from contextlib import ExitStack
 from types import FrameType
 
-from testing.polling import answers
+from testing.polling import GaveUp, answers
 from testing.predictor import PredictorProcess
 from testing.process import REPO
 from testing.s3 import VOICE_URI, MotoServer, aws_env, build_voice, publish_voice
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             predictor.wait_ready(READY_TIMEOUT_S)
             print(CURLS.format(http=args.http_port), flush=True)
             return predictor.proc.wait()
+        except (GaveUp, TimeoutError) as exc:
+            print(f"make run: {exc}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             return 130
 
