@@ -13,6 +13,7 @@ import time
 import httpx
 
 from bench.common import Predictor, Row, Session, SuiteResult, log, median, percentile
+from testing.bodies import speech_request, v2_request
 
 LEVELS = (1, 2, 4, 8, 16)
 WINDOW_S = 8.0  # closed-loop measuring window per concurrency level
@@ -21,10 +22,6 @@ LONG = " ".join(
     [SHORT, "Serverless speech has to answer the first request fast.", "Then it scales back to zero."] * 3
 )
 TEN = " ".join(f"This is sentence number {n}, spoken on its own." for n in range(1, 11))
-
-
-def _v2(text: str) -> dict:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
 
 
 def _closed_loop(url: str, concurrency: int, window_s: float) -> dict:
@@ -39,7 +36,7 @@ def _closed_loop(url: str, concurrency: int, window_s: float) -> dict:
             while time.monotonic() < stop:
                 text = LONG if (n + i) % 4 == 3 else SHORT
                 t = time.perf_counter()
-                r = http.post("/v2/models/tts/infer", json=_v2(text))
+                r = http.post("/v2/models/tts/infer", json=v2_request(text))
                 dt = time.perf_counter() - t
                 with lock:
                     if r.status_code == 200:
@@ -110,7 +107,7 @@ def _first_packet(p: Predictor, res: SuiteResult) -> None:
         with p.client.stream(
             "POST",
             "/v1/audio/speech",
-            json={"model": "tts", "input": TEN, "response_format": "pcm", "stream": True},
+            json=speech_request(TEN, stream=True),
         ) as r:
             chunks = r.iter_bytes()
             next(chunks)
@@ -121,7 +118,7 @@ def _first_packet(p: Predictor, res: SuiteResult) -> None:
 
     def whole(text: str) -> float:
         t = time.perf_counter()
-        p.client.post("/v1/audio/speech", json={"model": "tts", "input": text, "response_format": "pcm"})
+        p.client.post("/v1/audio/speech", json=speech_request(text))
         return time.perf_counter() - t
 
     firsts, alones, wholes = [], [], []
@@ -170,7 +167,7 @@ def _overload(p: Predictor, capacity_rps: float, res: SuiteResult) -> None:
     def one() -> None:
         t = time.perf_counter()
         try:
-            r = httpx.post(p.url + "/v2/models/tts/infer", json=_v2(SHORT), timeout=120)
+            r = httpx.post(p.url + "/v2/models/tts/infer", json=v2_request(SHORT), timeout=120)
         except httpx.TransportError:
             return
         with lock:
@@ -228,7 +225,7 @@ def _chapter(session: Session, res: SuiteResult) -> None:
         p = Predictor(session, session.path(f"model-{chars}"), ENGINE="onnx", MAX_STREAM_TEXT_CHARS="60000")
         try:
             p.wait_ready()
-            base = _rss_mib(p.child.proc.pid, "VmHWM")
+            base = _rss_mib(p.proc.pid, "VmHWM")
             text = (paragraph * (chars // len(paragraph) + 1))[:chars]
             t = time.perf_counter()
             n = 0
@@ -236,7 +233,7 @@ def _chapter(session: Session, res: SuiteResult) -> None:
                 "POST",
                 "/v1/audio/speech",
                 timeout=1200,
-                json={"model": "tts", "input": text, "response_format": "pcm", "stream": True},
+                json=speech_request(text, stream=True),
             ) as r:
                 for chunk in r.iter_bytes():
                     n += len(chunk)
@@ -246,7 +243,7 @@ def _chapter(session: Session, res: SuiteResult) -> None:
                 "wall_s": wall,
                 "audio_s": audio_s,
                 "rtf": wall / audio_s,
-                "peak_rss_mib": _rss_mib(p.child.proc.pid, "VmHWM"),
+                "peak_rss_mib": _rss_mib(p.proc.pid, "VmHWM"),
                 "rss_before_mib": base,
             }
             log(f"{chars} chars: {figures[chars]}")
