@@ -229,7 +229,8 @@ def _recorder(settings: Settings) -> records.Recorder | None:
     )
 
 
-async def run(settings: Settings, cold_start: Future) -> None:
+async def run(settings: Settings, cold_start: Future) -> bool:
+    """Serve until SIGTERM/SIGINT and drain; True if every admitted request finished in time."""
     recorder = _recorder(settings)
     service = TTSService(settings)
     model = TTSModel(settings.model_name, service)
@@ -288,3 +289,4 @@ async def run(settings: Settings, cold_start: Future) -> None:
     # Exit 0 either way: DRAIN_TIMEOUT_S expiring is the configured end of a drain, not a failure; the
     # drain's warning names the requests it cut off.
     log.info("stopped", extra={"drained": finished})
+    return finished
