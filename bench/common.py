@@ -60,6 +60,16 @@ class SuiteResult:
         return {"rows": [asdict(r) for r in self.rows], "details": self.details, "notes": self.notes}
 
 
+def failed_sample(status: int, body_bytes: int) -> str | None:
+    """Why a timed sample does not count, or None: a non-200 or an empty body is a failure, never a
+    fast answer (an error body would otherwise pass for a quick first packet)."""
+    if status != 200:
+        return f"status {status}"
+    if body_bytes == 0:
+        return "empty body"
+    return None
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -12,7 +12,7 @@ import time
 
 import httpx
 
-from bench.common import Predictor, Row, Session, SuiteResult, log, median, percentile
+from bench.common import Predictor, Row, Session, SuiteResult, failed_sample, log, median, percentile
 from testing.bodies import speech_request, v2_request
 
 LEVELS = (1, 2, 4, 8, 16)
@@ -102,7 +102,9 @@ def _throughput(session: Session, res: SuiteResult) -> float:
 
 
 def _first_packet(p: Predictor, res: SuiteResult) -> None:
-    def stream_first_chunk() -> float:
+    failures: list[str] = []  # samples that do not count: each is reported, none is timed
+
+    def stream_first_chunk() -> float | None:
         t = time.perf_counter()
         with p.client.stream(
             "POST",
@@ -110,22 +112,42 @@ def _first_packet(p: Predictor, res: SuiteResult) -> None:
             json=speech_request(TEN, stream=True),
         ) as r:
             chunks = r.iter_bytes()
-            next(chunks)
+            head = next(chunks, b"")
             first = time.perf_counter() - t
             for _ in chunks:  # drain, so the next request starts on an idle server
                 pass
+            why = failed_sample(r.status_code, len(head))
+        if why is not None:
+            failures.append(f"stream: {why}")
+            return None
         return first
 
-    def whole(text: str) -> float:
+    def whole(text: str) -> float | None:
         t = time.perf_counter()
-        p.client.post("/v1/audio/speech", json=speech_request(text))
-        return time.perf_counter() - t
+        r = p.client.post("/v1/audio/speech", json=speech_request(text, response_format="pcm"))
+        took = time.perf_counter() - t
+        why = failed_sample(r.status_code, len(r.content))
+        if why is not None:
+            failures.append(f"whole: {why}")
+            return None
+        return took
 
-    firsts, alones, wholes = [], [], []
+    firsts: list[float] = []
+    alones: list[float] = []
+    wholes: list[float] = []
     for _ in range(5):
-        firsts.append(stream_first_chunk())
-        alones.append(whole(TEN.split(". ")[0] + "."))
-        wholes.append(whole(TEN))
+        for samples, sample in (
+            (firsts, stream_first_chunk()),
+            (alones, whole(TEN.split(". ")[0] + ".")),
+            (wholes, whole(TEN)),
+        ):
+            if sample is not None:
+                samples.append(sample)
+    res.details["first_packet_failed_samples"] = failures
+    if failures:
+        log(f"first packet: {len(failures)} failed samples: {failures}")
+    if not (firsts and alones and wholes):
+        raise RuntimeError(f"first packet: no successful samples to time ({failures})")
     f, a, w = median(firsts), median(alones), median(wholes)
     res.rows.append(
         Row(
@@ -138,7 +160,7 @@ def _first_packet(p: Predictor, res: SuiteResult) -> None:
             f / a,
             goal="<= 1.5",
             met=f / a <= 1.5,
-            note="median of 5",
+            note=f"median of {len(firsts)} successes; {len(failures)} failed samples",
         )
     )
     res.rows.append(
@@ -152,7 +174,7 @@ def _first_packet(p: Predictor, res: SuiteResult) -> None:
             f / w,
             goal="<= 0.2",
             met=f / w <= 0.2,
-            note="median of 5",
+            note=f"median of {len(firsts)} successes; {len(failures)} failed samples",
         )
     )
 
@@ -237,6 +259,9 @@ def _chapter(session: Session, res: SuiteResult) -> None:
             ) as r:
                 for chunk in r.iter_bytes():
                     n += len(chunk)
+                why = failed_sample(r.status_code, n)
+            if why is not None:
+                raise RuntimeError(f"{chars}-char stream failed: {why}")
             wall = time.perf_counter() - t
             audio_s = n / 2 / 22050
             figures[chars] = {

@@ -34,12 +34,20 @@ def cmd_serve(_args: argparse.Namespace) -> int:
 
     tracing.configure(settings.otel_exporter_otlp_endpoint, settings.otel_service_name)
     try:
-        asyncio.run(server.run(settings, pending))
+        drained = asyncio.run(server.run(settings, pending))
     except ConfigError:
         raise
     except Exception as exc:
         log.error("predictor stopped: %s", exc)
         return 1
+    if not drained:
+        # DRAIN_TIMEOUT_S cut a request off while the engine thread may still be inside a native
+        # synthesis call; finalizing the interpreter under it aborts the process (SIGABRT, "terminate
+        # called without an active exception"). The drain has logged what it cut; end here, exit 0.
+        import os
+
+        logging.shutdown()
+        os._exit(0)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The one ASGI middleware: request ids and revision on every response, request counters, shadow records."""
+"""The one ASGI middleware: request ids and revision on every response, request counters, shadow records,
+and admission of synthesis requests for the drain."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from predictor.observability import metrics
 from predictor.observability.request_ids import REQUEST_ID_HEADER, REVISION_HEADER, request_id
+from predictor.serving.service import TTSService
 from predictor.shadow.recorder import Recorder, begin, end
 
 Scope = dict[str, Any]
@@ -19,11 +21,21 @@ class RequestMiddleware:
     template and status; with a recorder, a shadow record for every request to a synthesis route
     (errors included: compare needs them).
 
-    Installed outermost, so its latency covers everything the app does for the request.
+    Installed outermost, so its latency covers everything the app does for the request, and so the
+    drain's admission (every POST: each synthesis route is one, and no other POST runs long) spans the
+    whole response, a stream's last chunk included.
     """
 
-    def __init__(self, app: ASGIApp, revision: str, recorder: Recorder | None, routes: frozenset[str]):
+    def __init__(
+        self,
+        app: ASGIApp,
+        revision: str,
+        recorder: Recorder | None,
+        routes: frozenset[str],
+        service: TTSService | None = None,
+    ):
         self.app = app
+        self._service = service
         self._revision = revision.encode()
         self._recorder = recorder
         self._routes = routes
@@ -47,7 +59,11 @@ class RequestMiddleware:
         started = time.perf_counter()
         captured, token = begin() if self._recorder is not None else (None, None)
         try:
-            await self.app(scope, receive, send_with_ids)
+            if self._service is not None and scope.get("method") == "POST":
+                async with self._service.admit(rid, scope.get("path", "")):
+                    await self.app(scope, receive, send_with_ids)
+            else:
+                await self.app(scope, receive, send_with_ids)
         finally:
             route = getattr(scope.get("route"), "path", None)
             metrics.REQUESTS.labels(route or "unmatched", str(status)).inc()
