@@ -4,10 +4,7 @@ VENV     ?= .venv
 BIN      := $(VENV)/bin
 CACHE    := .cache
 S3_PORT  ?= 9000
-S3_URL   := http://127.0.0.1:$(S3_PORT)
 VOICE_URI ?= s3://voices/en_US-joe-medium
-# moto accepts any credentials; these are placeholders, not secrets.
-AWS_ENV  := AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_DEFAULT_REGION=us-east-1 AWS_ENDPOINT_URL=$(S3_URL)
 
 .PHONY: install system-packages run test bench load lint image base-image image-sizes manifests validate clean
 
@@ -20,19 +17,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[voice,test]"
 	touch $@
 
+# testing/local.py: reuses an S3 already answering on S3_PORT or starts moto there, publishes the
+# default voice, then runs the predictor in the foreground and prints curl commands once it is ready.
 run: install
-	@mkdir -p $(CACHE)
-	@$(BIN)/python -c "import urllib.request; urllib.request.urlopen('$(S3_URL)', timeout=1)" 2>/dev/null \
-	  || { $(BIN)/moto_server -H 127.0.0.1 -p $(S3_PORT) > $(CACHE)/moto.log 2>&1 & echo "local S3 (moto) on $(S3_URL)"; }
-	@for i in $$(seq 50); do $(BIN)/python -c "import urllib.request; urllib.request.urlopen('$(S3_URL)', timeout=1)" 2>/dev/null && break; sleep 0.2; done
-	@$(AWS_ENV) $(BIN)/tts-predictor publish --to $(VOICE_URI)
-	@echo "starting the predictor; once it logs 'model ready', try:"
-	@echo "  curl -s localhost:8080/v2/models/tts/infer -H 'content-type: application/json' \\"
-	@echo "    -d '{\"inputs\":[{\"name\":\"text\",\"datatype\":\"BYTES\",\"shape\":[1],\"data\":[\"Hello from the predictor.\"]}]}' | head -c 300"
-	@echo "  curl -s localhost:8080/v1/models/tts:predict -d '{\"instances\":[{\"text\":\"Hello.\"}]}' \\"
-	@echo "    | python3 -c 'import sys,json,base64; open(\"hello.wav\",\"wb\").write(base64.b64decode(json.load(sys.stdin)[\"predictions\"][0][\"wav_base64\"]))'"
-	$(AWS_ENV) STORAGE_URI=$(VOICE_URI) MODEL_DIR=$(CACHE)/models/en_US-joe-medium LOG_FORMAT=text \
-	  exec $(BIN)/tts-predictor serve
+	$(BIN)/python -m testing.local --s3-port $(S3_PORT) --voice-uri $(VOICE_URI)
 
 # Debian programs the tests start for real: Prometheus (PromQL of the manifests), nginx (mirroring),
 # podman with runc (the image, built and run without a Docker engine; crun fails on hybrid cgroups)
@@ -47,8 +35,13 @@ system-packages:
 	fi
 
 # Lint first: a formatting or type error fails in seconds, before the 15-minute suite starts.
+# Line coverage per module of predictor/ (predictor subprocesses included), failing below the floor in
+# pyproject.toml [tool.coverage.report] fail_under.
 test: install system-packages lint
-	$(BIN)/python -m pytest -q
+	rm -rf .cache/coverage && mkdir -p .cache/coverage
+	$(BIN)/python -m coverage run -m pytest -q
+	$(BIN)/python -m coverage combine -q
+	$(BIN)/python -m coverage report
 
 # Render every overlay of knative/ and keda/ (with the shared deploy/) to .cache/manifests/<flavour>-<overlay>.yaml.
 manifests: install
@@ -62,13 +55,14 @@ bench: install
 	$(BIN)/python -m bench
 
 # Headless locust against a running server (`make run` elsewhere); CSV stats in bench/results/.
+# PYTHONPATH: the locustfile takes its request bodies from testing/, at the repository root.
 USERS    ?= 16
 DURATION ?= 60s
 HOST     ?= http://127.0.0.1:8080
 load: install
 	@$(BIN)/python -c "import locust" 2>/dev/null || $(BIN)/pip install --quiet "locust>=2.20"
 	@mkdir -p bench/results
-	$(BIN)/locust -f bench/locustfile.py --headless -u $(USERS) -r $(USERS) -t $(DURATION) \
+	PYTHONPATH=$(CURDIR) $(BIN)/locust -f bench/locustfile.py --headless -u $(USERS) -r $(USERS) -t $(DURATION) \
 	  --host $(HOST) --csv bench/results/load --only-summary
 
 # ruff (format + lint rules in pyproject.toml), mypy (predictor/, disallow_untyped_defs), hadolint.

@@ -10,13 +10,14 @@ from __future__ import annotations
 import subprocess
 import time
 
-from bench.common import PYTHON, Predictor, Row, Session, SuiteResult, child_env, log, median
+from bench.common import PYTHON, Predictor, Row, Session, SuiteResult, log, median
+from testing.process import child_env
 
 RUNS = 3
 # What any KServe predictor running this engine must import before it can serve a request.
 FLOOR_IMPORTS = {
     "onnx": "kserve, kserve.model_server, onnxruntime, piper.phonemize_espeak, predictor.engine.onnx",
-    "torch": "kserve, kserve.model_server, torch, safetensors.torch, piper.phonemize_espeak, predictor.engine.native",
+    "torch": "kserve, kserve.model_server, torch, safetensors.torch, piper.phonemize_espeak, predictor.engine.torch",
 }
 
 

@@ -18,10 +18,11 @@ import time
 import uuid
 from collections.abc import Callable
 
-import boto3
 import httpx
 
 from bench.common import PARAMS, Predictor, Row, Session, SuiteResult, log, median
+from testing.bodies import v2_request
+from testing.s3 import s3_client
 
 BUCKET = "bench-event-outputs"
 TEXTS = (
@@ -31,13 +32,6 @@ TEXTS = (
     "Every event lands in storage exactly once.",
 )
 REQUEST_TYPE = "dev.tts-predictor.synthesize.v1"
-
-
-def _v2(text: str) -> dict:
-    return {
-        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
-        "parameters": PARAMS,
-    }
 
 
 def _closed_loop(url: str, jobs: list[Callable[[httpx.Client], httpx.Response]], concurrency: int) -> dict:
@@ -89,14 +83,20 @@ def _event(text: str, event_id: str, output: str) -> Callable[[httpx.Client], ht
 
 def run(session: Session, requests: int = 40, concurrency: int = 2) -> SuiteResult:
     res = SuiteResult()
-    s3 = boto3.session.Session().client("s3", endpoint_url=session.moto)
+    s3 = s3_client(session.moto)
     s3.create_bucket(Bucket=BUCKET)
     texts = [TEXTS[i % len(TEXTS)] for i in range(requests)]
     run_id = uuid.uuid4().hex[:8]
     events = [_event(t, f"{run_id}-{i}", f"s3://{BUCKET}/{run_id}/{i}.wav") for i, t in enumerate(texts)]
-    plain = [lambda http, t=t: http.post("/v2/models/tts/infer", json=_v2(t)) for t in texts]
+    plain = [lambda http, t=t: http.post("/v2/models/tts/infer", json=v2_request(t, **PARAMS)) for t in texts]
 
-    p = Predictor(session, session.path("model-events"), ENGINE="onnx", MAX_QUEUE="64")
+    p = Predictor(
+        session,
+        session.path("model-events"),
+        ENGINE="onnx",
+        MAX_QUEUE="64",
+        CE_OUTPUT_PREFIXES=f"s3://{BUCKET}",
+    )
     try:
         p.wait_ready()
         _closed_loop(p.url, plain[: min(4, requests)], 1)  # warm the route and the S3 client's imports alike

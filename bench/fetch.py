@@ -2,7 +2,7 @@
 
 All three read the same objects from the same capped endpoint (nginx in front of moto, see
 bench/nginx.py) in the same run:
-  - ours: predictor.storage.fetch with the shipped defaults (FETCH_CONCURRENCY, FETCH_PART_SIZE_MIB),
+  - ours: predictor.artifact.fetch.fetch with the shipped defaults (FETCH_CONCURRENCY, FETCH_PART_SIZE_MIB),
     including its sha256 verification and fsyncs;
   - KServe: kserve_storage.Storage.download, the storage initializer's code path (no verification);
   - capacity: a minimal client (http.client, bytes discarded) doing exactly our ranged GETs at our
@@ -26,7 +26,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench import nginx
-from bench.common import PYTHON, REPO, Row, Session, SuiteResult, aws_env, child_env, log, median
+from bench.common import PYTHON, REPO, Row, Session, SuiteResult, log, median
+from testing.process import child_env
+from testing.s3 import aws_env, s3_client
 
 MiB = 1024 * 1024
 BUCKET = "bench-fetch"
@@ -40,10 +42,10 @@ KSERVE_THREADS_PER_FILE = 10
 OURS = """
 import json, sys, time
 from pathlib import Path
-from predictor import storage
+from predictor.artifact.fetch import fetch
 uri, out, concurrency, part = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 t = time.perf_counter()
-manifest, report = storage.fetch(uri, out, concurrency=concurrency, part_size=part)
+manifest, report = fetch(uri, out, concurrency=concurrency, part_size=part)
 print(json.dumps({"seconds": time.perf_counter() - t, "bytes": report.bytes_downloaded}))
 """
 # kserve_storage reads the endpoint from AWS_ENDPOINT_URL (plus the usual AWS_* credentials);
@@ -88,12 +90,11 @@ def artifact(size_mib: int, files: int) -> Path:
 
 def upload(src: Path, moto_url: str, prefix: str) -> None:
     """Upload the files in parallel with boto3, manifest last (the fetcher's contract)."""
-    import boto3
     from boto3.s3.transfer import TransferConfig
 
     from predictor.artifact.manifest import MANIFEST, Manifest
 
-    client = boto3.session.Session().client("s3", endpoint_url=moto_url)
+    client = s3_client(moto_url)
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
         client.create_bucket(Bucket=BUCKET)
     manifest = Manifest.load(src / MANIFEST)

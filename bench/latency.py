@@ -26,6 +26,7 @@ from bench.common import (
     median,
     percentile,
 )
+from testing.bodies import v2_request
 
 STEADY_N = 30
 N = 50
@@ -35,15 +36,6 @@ PARAGRAPH = (
     "how fast the voice runs on this processor, compared with the length of the audio it produces. "
     "A real-time factor below one means the audio is ready before it could be played back in full."
 )
-
-
-def v2_json(text: str) -> bytes:
-    return json.dumps(
-        {
-            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
-            "parameters": PARAMS,
-        }
-    ).encode()
 
 
 def timed(fn: Callable[[], object], n: int) -> list[float]:
@@ -100,7 +92,7 @@ def run(session: Session, engine_name: str = "onnx") -> SuiteResult:
     triton = None
     try:
         p.wait_ready()
-        body = v2_json(SENTENCE)
+        body = json.dumps(v2_request(SENTENCE, **PARAMS)).encode()
         headers = {"content-type": "application/json"}
 
         def post() -> None:

@@ -8,6 +8,8 @@ Run against a server that is already up (`make run` in another terminal), headle
 
 from locust import HttpUser, between, task
 
+from testing.bodies import speech_request, v2_request
+
 SHORT = "The quick brown fox jumps over the lazy dog."
 LONG = " ".join(
     [
@@ -18,20 +20,16 @@ LONG = " ".join(
 )
 
 
-def v2(text: str) -> dict:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
-
-
 class Listener(HttpUser):
     wait_time = between(0.1, 0.5)
 
     @task(3)
     def short_text(self) -> None:
-        self.client.post("/v2/models/tts/infer", json=v2(SHORT), name="v2 short")
+        self.client.post("/v2/models/tts/infer", json=v2_request(SHORT), name="v2 short")
 
     @task(1)
     def long_text_streamed(self) -> None:
-        body = {"model": "tts", "input": LONG, "response_format": "pcm", "stream": True}
+        body = speech_request(LONG, stream=True)
         with self.client.post(
             "/v1/audio/speech", json=body, name="speech long (stream)", stream=True, catch_response=True
         ) as response:

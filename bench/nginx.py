@@ -22,9 +22,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from bench.common import Child, Session, free_port, log, wait_until
+from bench.common import Session, log
+from testing.polling import answers
+from testing.ports import free_port
+from testing.process import Child
 
 _SERVER = """
     server {{
@@ -198,6 +199,6 @@ def start(session: Session, moto_url: str, cap_mib_s: int) -> CappedS3:
     conf_path = write_conf(prefix, http)
     child = session.start("nginx", argv(binary, prefix, conf_path), os.environ.copy())
     url = f"http://127.0.0.1:{capped}"
-    wait_until(lambda: httpx.get(url + "/", timeout=1).status_code < 600, 30, "nginx", child)
+    child.wait_for(lambda: answers(url + "/"), 30, f"listening on {url}")
     log(f"nginx on {url} (limit_rate {cap_mib_s} MiB/s per connection), cache filler on :{warm}")
     return CappedS3(capped_url=url, warm_url=f"http://127.0.0.1:{warm}", cap_mib_s=cap_mib_s, child=child)

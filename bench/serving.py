@@ -12,7 +12,8 @@ import time
 
 import httpx
 
-from bench.common import Predictor, Row, Session, SuiteResult, log, median, percentile
+from bench.common import Predictor, Row, Session, SuiteResult, failed_sample, log, median, percentile
+from testing.bodies import speech_request, v2_request
 
 LEVELS = (1, 2, 4, 8, 16)
 WINDOW_S = 8.0  # closed-loop measuring window per concurrency level
@@ -21,10 +22,6 @@ LONG = " ".join(
     [SHORT, "Serverless speech has to answer the first request fast.", "Then it scales back to zero."] * 3
 )
 TEN = " ".join(f"This is sentence number {n}, spoken on its own." for n in range(1, 11))
-
-
-def _v2(text: str) -> dict:
-    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
 
 
 def _closed_loop(url: str, concurrency: int, window_s: float) -> dict:
@@ -39,7 +36,7 @@ def _closed_loop(url: str, concurrency: int, window_s: float) -> dict:
             while time.monotonic() < stop:
                 text = LONG if (n + i) % 4 == 3 else SHORT
                 t = time.perf_counter()
-                r = http.post("/v2/models/tts/infer", json=_v2(text))
+                r = http.post("/v2/models/tts/infer", json=v2_request(text))
                 dt = time.perf_counter() - t
                 with lock:
                     if r.status_code == 200:
@@ -105,30 +102,52 @@ def _throughput(session: Session, res: SuiteResult) -> float:
 
 
 def _first_packet(p: Predictor, res: SuiteResult) -> None:
-    def stream_first_chunk() -> float:
+    failures: list[str] = []  # samples that do not count: each is reported, none is timed
+
+    def stream_first_chunk() -> float | None:
         t = time.perf_counter()
         with p.client.stream(
             "POST",
             "/v1/audio/speech",
-            json={"model": "tts", "input": TEN, "response_format": "pcm", "stream": True},
+            json=speech_request(TEN, stream=True),
         ) as r:
             chunks = r.iter_bytes()
-            next(chunks)
+            head = next(chunks, b"")
             first = time.perf_counter() - t
             for _ in chunks:  # drain, so the next request starts on an idle server
                 pass
+            why = failed_sample(r.status_code, len(head))
+        if why is not None:
+            failures.append(f"stream: {why}")
+            return None
         return first
 
-    def whole(text: str) -> float:
+    def whole(text: str) -> float | None:
         t = time.perf_counter()
-        p.client.post("/v1/audio/speech", json={"model": "tts", "input": text, "response_format": "pcm"})
-        return time.perf_counter() - t
+        r = p.client.post("/v1/audio/speech", json=speech_request(text, response_format="pcm"))
+        took = time.perf_counter() - t
+        why = failed_sample(r.status_code, len(r.content))
+        if why is not None:
+            failures.append(f"whole: {why}")
+            return None
+        return took
 
-    firsts, alones, wholes = [], [], []
+    firsts: list[float] = []
+    alones: list[float] = []
+    wholes: list[float] = []
     for _ in range(5):
-        firsts.append(stream_first_chunk())
-        alones.append(whole(TEN.split(". ")[0] + "."))
-        wholes.append(whole(TEN))
+        for samples, sample in (
+            (firsts, stream_first_chunk()),
+            (alones, whole(TEN.split(". ")[0] + ".")),
+            (wholes, whole(TEN)),
+        ):
+            if sample is not None:
+                samples.append(sample)
+    res.details["first_packet_failed_samples"] = failures
+    if failures:
+        log(f"first packet: {len(failures)} failed samples: {failures}")
+    if not (firsts and alones and wholes):
+        raise RuntimeError(f"first packet: no successful samples to time ({failures})")
     f, a, w = median(firsts), median(alones), median(wholes)
     res.rows.append(
         Row(
@@ -141,7 +160,7 @@ def _first_packet(p: Predictor, res: SuiteResult) -> None:
             f / a,
             goal="<= 1.5",
             met=f / a <= 1.5,
-            note="median of 5",
+            note=f"median of {len(firsts)} successes; {len(failures)} failed samples",
         )
     )
     res.rows.append(
@@ -155,7 +174,7 @@ def _first_packet(p: Predictor, res: SuiteResult) -> None:
             f / w,
             goal="<= 0.2",
             met=f / w <= 0.2,
-            note="median of 5",
+            note=f"median of {len(firsts)} successes; {len(failures)} failed samples",
         )
     )
 
@@ -170,7 +189,7 @@ def _overload(p: Predictor, capacity_rps: float, res: SuiteResult) -> None:
     def one() -> None:
         t = time.perf_counter()
         try:
-            r = httpx.post(p.url + "/v2/models/tts/infer", json=_v2(SHORT), timeout=120)
+            r = httpx.post(p.url + "/v2/models/tts/infer", json=v2_request(SHORT), timeout=120)
         except httpx.TransportError:
             return
         with lock:
@@ -228,7 +247,7 @@ def _chapter(session: Session, res: SuiteResult) -> None:
         p = Predictor(session, session.path(f"model-{chars}"), ENGINE="onnx", MAX_STREAM_TEXT_CHARS="60000")
         try:
             p.wait_ready()
-            base = _rss_mib(p.child.proc.pid, "VmHWM")
+            base = _rss_mib(p.proc.pid, "VmHWM")
             text = (paragraph * (chars // len(paragraph) + 1))[:chars]
             t = time.perf_counter()
             n = 0
@@ -236,17 +255,20 @@ def _chapter(session: Session, res: SuiteResult) -> None:
                 "POST",
                 "/v1/audio/speech",
                 timeout=1200,
-                json={"model": "tts", "input": text, "response_format": "pcm", "stream": True},
+                json=speech_request(text, stream=True),
             ) as r:
                 for chunk in r.iter_bytes():
                     n += len(chunk)
+                why = failed_sample(r.status_code, n)
+            if why is not None:
+                raise RuntimeError(f"{chars}-char stream failed: {why}")
             wall = time.perf_counter() - t
             audio_s = n / 2 / 22050
             figures[chars] = {
                 "wall_s": wall,
                 "audio_s": audio_s,
                 "rtf": wall / audio_s,
-                "peak_rss_mib": _rss_mib(p.child.proc.pid, "VmHWM"),
+                "peak_rss_mib": _rss_mib(p.proc.pid, "VmHWM"),
                 "rss_before_mib": base,
             }
             log(f"{chars} chars: {figures[chars]}")

@@ -16,18 +16,10 @@ import json
 import time
 
 from bench.common import PARAMS, SENTENCE, Predictor, Row, Session, SuiteResult, log, median, percentile
+from testing.bodies import v1_request, v2_request
 
 WARMUP = 5
 PAUSE_S = 0.02  # between calls: neither predictor's threads are still busy when the other starts
-
-
-def _body() -> bytes:
-    return json.dumps(
-        {
-            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [SENTENCE]}],
-            "parameters": PARAMS,
-        }
-    ).encode()
 
 
 def _timed_post(p: Predictor, body: bytes) -> float:
@@ -45,9 +37,7 @@ def _fingerprint_ms(p: Predictor) -> tuple[float, float]:
 
     from predictor.audio import fingerprint
 
-    r = p.client.post(
-        "/v1/models/tts:predict", json={"instances": [{"text": SENTENCE}], "parameters": PARAMS}
-    )
+    r = p.client.post("/v1/models/tts:predict", json=v1_request(SENTENCE, **PARAMS))
     r.raise_for_status()
     audio, rate = soundfile.read(
         io.BytesIO(base64.b64decode(r.json()["predictions"][0]["wav_base64"])), dtype="float32"
@@ -76,7 +66,7 @@ def run(session: Session, n: int = 200) -> SuiteResult:
     on = Predictor(session, session.path("model-on"), SHADOW_SINK=f"s3://{bucket}/run", REVISION="bench")
     for p in (off_a, off_b, on):
         p.wait_ready()
-    body = _body()
+    body = json.dumps(v2_request(SENTENCE, **PARAMS)).encode()
     for _ in range(WARMUP):
         for p in (off_a, off_b, on):
             _timed_post(p, body)

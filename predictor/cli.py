@@ -34,12 +34,20 @@ def cmd_serve(_args: argparse.Namespace) -> int:
 
     tracing.configure(settings.otel_exporter_otlp_endpoint, settings.otel_service_name)
     try:
-        asyncio.run(server.run(settings, pending))
+        drained = asyncio.run(server.run(settings, pending))
     except ConfigError:
         raise
     except Exception as exc:
         log.error("predictor stopped: %s", exc)
         return 1
+    if not drained:
+        # DRAIN_TIMEOUT_S cut a request off while the engine thread may still be inside a native
+        # synthesis call; finalizing the interpreter under it aborts the process (SIGABRT, "terminate
+        # called without an active exception"). The drain has logged what it cut; end here, exit 0.
+        import os
+
+        logging.shutdown()
+        os._exit(0)
     return 0
 
 
@@ -126,13 +134,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from predictor.shadow import compare
 
     thresholds = compare.Thresholds(
-        min_match_rate=args.min_match_rate,
-        max_p50_increase=args.max_p50_increase,
-        max_p99_increase=args.max_p99_increase,
-        max_error_rate_increase=args.max_error_rate_increase,
-        max_duration_change=args.max_duration_change,
-        max_mcd_p50_db=args.max_mcd_p50,
-        max_mcd_p95_db=args.max_mcd_p95,
+        **{field: getattr(args, field) for _, field, _, _ in _THRESHOLD_FLAGS},
     )
     try:
         report = compare.compare(
@@ -153,6 +155,49 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 # --- profile / simulate ----------------------------------------------------------------------
+
+# compare's verdict thresholds: flag, Thresholds field, metavar, help ({default} is filled in).
+_THRESHOLD_FLAGS = (
+    (
+        "--min-match-rate",
+        "min_match_rate",
+        "FRACTION",
+        "stable requests the canary must also have recorded (default {default})",
+    ),
+    (
+        "--max-p50-increase",
+        "max_p50_increase",
+        "FRACTION",
+        "canary p50 latency over stable's (default {default} = +10%%)",
+    ),
+    (
+        "--max-p99-increase",
+        "max_p99_increase",
+        "FRACTION",
+        "canary p99 latency over stable's (default {default})",
+    ),
+    (
+        "--max-error-rate-increase",
+        "max_error_rate_increase",
+        "FRACTION",
+        "absolute increase of the error rate (default {default})",
+    ),
+    (
+        "--max-duration-change",
+        "max_duration_change",
+        "FRACTION",
+        "|median canary/stable audio duration - 1| (default {default})",
+    ),
+    ("--max-mcd-p50", "max_mcd_p50_db", "DB", "median mel-cepstral distortion (default {default} dB)"),
+    (
+        "--max-mcd-p95",
+        "max_mcd_p95_db",
+        "DB",
+        "95th percentile mel-cepstral distortion (default {default} dB)",
+    ),
+)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from predictor.simulate import profile
     from predictor.simulate.errors import SimulateError
@@ -247,55 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--canary", required=True, help="canary's records, likewise")
     p.add_argument("--png", help="write latency CDFs and the distance histogram here")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument(
-        "--min-match-rate",
-        type=float,
-        default=t.min_match_rate,
-        metavar="FRACTION",
-        help=f"stable requests the canary must also have recorded (default {t.min_match_rate})",
-    )
-    p.add_argument(
-        "--max-p50-increase",
-        type=float,
-        default=t.max_p50_increase,
-        metavar="FRACTION",
-        help=f"canary p50 latency over stable's (default {t.max_p50_increase} = +10%%)",
-    )
-    p.add_argument(
-        "--max-p99-increase",
-        type=float,
-        default=t.max_p99_increase,
-        metavar="FRACTION",
-        help=f"canary p99 latency over stable's (default {t.max_p99_increase})",
-    )
-    p.add_argument(
-        "--max-error-rate-increase",
-        type=float,
-        default=t.max_error_rate_increase,
-        metavar="FRACTION",
-        help=f"absolute increase of the error rate (default {t.max_error_rate_increase})",
-    )
-    p.add_argument(
-        "--max-duration-change",
-        type=float,
-        default=t.max_duration_change,
-        metavar="FRACTION",
-        help=f"|median canary/stable audio duration - 1| (default {t.max_duration_change})",
-    )
-    p.add_argument(
-        "--max-mcd-p50",
-        type=float,
-        default=t.max_mcd_p50_db,
-        metavar="DB",
-        help=f"median mel-cepstral distortion (default {t.max_mcd_p50_db} dB)",
-    )
-    p.add_argument(
-        "--max-mcd-p95",
-        type=float,
-        default=t.max_mcd_p95_db,
-        metavar="DB",
-        help=f"95th percentile mel-cepstral distortion (default {t.max_mcd_p95_db} dB)",
-    )
+    for flag, field, metavar, text in _THRESHOLD_FLAGS:
+        default = getattr(t, field)
+        p.add_argument(
+            flag, type=float, default=default, metavar=metavar, dest=field, help=text.format(default=default)
+        )
     p = sub.add_parser("profile", help="measure a running predictor's synthesis and cold-start times")
     p.add_argument("--url", required=True, help="the predictor's REST address, e.g. http://127.0.0.1:8080")
     p.add_argument("--out", help="write the profile JSON here (atomically)")

@@ -10,8 +10,9 @@ Readiness is the model's: /v2/models/{name}/ready, /v1/models/{name} and also /v
 KServe answers `true` as soon as the process runs, before any model is warm; we answer it from the
 model) stay 503 until the warm-up synthesis has run. Liveness (/v2/health/live) is 200 throughout.
 
-SIGTERM: readiness drops to 503 and new requests are refused (503 / UNAVAILABLE), in-flight requests
-finish (up to DRAIN_TIMEOUT_S), then both servers stop and the process exits 0.
+SIGTERM: readiness drops to 503 and new requests are refused (503 / UNAVAILABLE), requests admitted
+before it run to their end (every segment of a stream, an event's upload and record, a gRPC call) up to
+DRAIN_TIMEOUT_S, then both servers stop and the process exits 0 (the log names any request cut off).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from predictor.api.handlers import (
 )
 from predictor.api.v2 import TTSModel, require_version
 from predictor.config import ConfigError, Settings
-from predictor.errors import NotReady, PredictorError, StorageError
+from predictor.errors import PredictorError, StorageError
 from predictor.events.outputs import OutputStore
 from predictor.observability import metrics, tracing
 from predictor.serving.coldstart import ColdStart, process_age_s
@@ -109,7 +110,10 @@ class _RESTServer(RESTServer):
         self.config.timeout_keep_alive = int(settings.keepalive_timeout_s)
         self._server = _Uvicorn(self.config)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float) -> None:
+        # The drain has already waited for admitted requests; what is left (a request the timeout cut
+        # off, an open probe) gets grace_s, not uvicorn's full grace period a second time.
+        self._server.config.timeout_graceful_shutdown = max(1, round(grace_s))
         self._server.should_exit = True
 
     def _add_middlewares(self, app: FastAPI) -> None:
@@ -126,6 +130,7 @@ class _RESTServer(RESTServer):
                 max_header_count=self._settings.max_header_count,
                 body_timeout_s=self._settings.body_timeout_s,
             ),
+            service=self._service,
         )
 
     def _register_endpoints(self, app: FastAPI) -> None:
@@ -283,7 +288,8 @@ def _recorder(settings: Settings) -> records.Recorder | None:
     )
 
 
-async def run(settings: Settings, cold_start: Future) -> None:
+async def run(settings: Settings, cold_start: Future) -> bool:
+    """Serve until SIGTERM/SIGINT and drain; True if every admitted request finished in time."""
     recorder = _recorder(settings)
     service = TTSService(settings)
     model = TTSModel(settings.model_name, service)
@@ -308,7 +314,7 @@ async def run(settings: Settings, cold_start: Future) -> None:
             settings.grpc_port,
             dataplane,
             extension,
-            GrpcInterceptor(settings.revision_name, recorder),
+            GrpcInterceptor(settings.revision_name, recorder, service),
             settings,
         )
         servers.append(asyncio.create_task(grpc_server.start(), name="grpc"))
@@ -332,7 +338,7 @@ async def run(settings: Settings, cold_start: Future) -> None:
     log.info("draining", extra={"timeout_s": settings.drain_timeout_s})
     finished = await service.drain(settings.drain_timeout_s)
     warm.cancel()
-    rest.stop()
+    rest.stop(grace_s=1.0)
     if grpc_server:
         await grpc_server.stop(grace_s=1.0)
     await asyncio.gather(*servers, return_exceptions=True)
@@ -340,6 +346,7 @@ async def run(settings: Settings, cold_start: Future) -> None:
         # After both servers stopped: every finished request has queued its record by now.
         await asyncio.to_thread(recorder.close)
     tracing.shutdown()
+    # Exit 0 either way: DRAIN_TIMEOUT_S expiring is the configured end of a drain, not a failure; the
+    # drain's warning names the requests it cut off.
     log.info("stopped", extra={"drained": finished})
-    if not finished:
-        raise NotReady("in-flight requests were cut off by DRAIN_TIMEOUT_S")
+    return finished

@@ -4,86 +4,34 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import Child, wait_until
-from predictor.artifact.publish import build_default_voice, publish
-
-VOICE_URI = "s3://voices/en_US-joe-medium"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def aws_env_for(endpoint: str) -> dict[str, str]:
-    """The standard AWS variables pointing boto3 at ``endpoint`` with moto's dummy credentials."""
-    return {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        # Keep a developer's real ~/.aws config and profile out of the tests.
-        "AWS_CONFIG_FILE": os.devnull,
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-    }
+from testing.ports import free_port
+from testing.predictor import PredictorProcess
+from testing.process import Child
+from testing.s3 import AWS_OVERRIDES, SECRET, VOICE_URI, MotoServer, aws_env, build_voice, publish_voice
 
 
 def _apply_aws_env(mp: pytest.MonkeyPatch, endpoint: str) -> None:
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+    for name in AWS_OVERRIDES:
         mp.delenv(name, raising=False)
-    for name, value in aws_env_for(endpoint).items():
+    for name, value in aws_env(endpoint).items():
         mp.setenv(name, value)
 
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A moto S3 server in a subprocess on a free local port; yields its endpoint URL."""
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto_server.log", timeout=30)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {proc.returncode}: {log_path.read_text()}")
-            try:
-                urllib.request.urlopen(f"{endpoint}/", timeout=1).close()
-                break
-            except urllib.error.HTTPError:
-                break  # any HTTP answer means it is serving
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not answer on {endpoint}") from None
-                time.sleep(0.1)
-        yield endpoint
+        yield server.endpoint
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop(10)
 
 
 @pytest.fixture
@@ -96,9 +44,7 @@ def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(scope="session")
 def voice_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default voice laid out as an artifact (files + manifest.json) in a session temp dir."""
-    out = tmp_path_factory.mktemp("voice")
-    build_default_voice(out)
-    return out
+    return build_voice(tmp_path_factory.mktemp("voice"))
 
 
 @pytest.fixture(scope="session")
@@ -106,84 +52,27 @@ def published_voice(s3_server: str, voice_dir: Path) -> str:
     """The default voice published to the moto server; returns its s3:// URI."""
     with pytest.MonkeyPatch.context() as mp:
         _apply_aws_env(mp, s3_server)
-        publish(voice_dir, VOICE_URI)
-    return VOICE_URI
-
-
-# --- the predictor as a real process ---------------------------------------------------------
-# A credential value that must never show up in a log line or metric.
-SECRET = "never-log-this-secret-0123456789"
-
-
-class PredictorProcess(Child):
-    """`python -m predictor serve` on free ports, with its log captured to a file."""
-
-    def __init__(self, env: dict[str, str], log_path: Path):
-        self.http_port, self.grpc_port = _free_port(), _free_port()
-        self.url = f"http://127.0.0.1:{self.http_port}"
-        self.grpc = f"127.0.0.1:{self.grpc_port}"
-        full_env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "OTEL_"))},
-            "HTTP_PORT": str(self.http_port),
-            "GRPC_PORT": str(self.grpc_port),
-            "CPU_THREADS": "1",  # two predictors may share CI's two cores
-            **env,
-        }
-        self.env = full_env
-        super().__init__("predictor", [sys.executable, "-m", "predictor", "serve"], full_env, log_path)
-
-    def get(self, path: str, timeout: float = 5.0) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=timeout)
-
-    def post(self, path: str, timeout: float = 60.0, **kwargs) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=timeout, **kwargs)
-
-    def wait_live(self, timeout: float = 60.0) -> None:
-        self._wait(lambda: self.get("/v2/health/live").status_code == 200, timeout, "live")
-
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        self._wait(lambda: self.get("/v2/models/tts/ready").status_code == 200, timeout, "ready")
-
-    def _wait(self, check, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"predictor exited ({self.proc.returncode}) before {what}:\n{self.logs()[-3000:]}"
-                )
-            try:
-                if check():
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"predictor not {what} after {timeout}s:\n{self.logs()[-3000:]}")
-
-    def metric(self, name: str, **labels: str) -> float:
-        """Value of one sample from /metrics (0 when absent)."""
-        for family in text_string_to_metric_families(self.get("/metrics").text):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    return sample.value
-        return 0.0
-
-    def stop(self, grace_s: float = 30.0) -> int:
-        # Longer than bench's default: the drain on SIGTERM may take DRAIN_TIMEOUT_S.
-        return super().stop(grace_s)
+        return publish_voice(voice_dir, VOICE_URI, s3_server)
 
 
 @pytest.fixture(scope="session")
-def start_predictor(s3_server, published_voice, tmp_path_factory):
-    """Factory: start a predictor from the published voice; env overrides per call. Stopped at the end."""
+def start_predictor(
+    s3_server: str, published_voice: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., PredictorProcess]]:
+    """Factory: start a predictor from the published voice; env overrides per call. Stopped at the end.
+
+    The secret key is SECRET, which must never show up in its logs or metrics."""
     started: list[PredictorProcess] = []
 
     def start(wait: bool = True, **env: str) -> PredictorProcess:
         base = {
-            **aws_env_for(s3_server),
-            "AWS_SECRET_ACCESS_KEY": SECRET,
+            **aws_env(s3_server, secret_access_key=SECRET),
             "STORAGE_URI": published_voice,
             "MODEL_DIR": str(tmp_path_factory.mktemp("model")),
             "MAX_TEXT_CHARS": "2000",
+            "CPU_THREADS": "1",  # two predictors may share CI's two cores
+            # Where test events may write (test_events' bucket, and the one whose absence it tests).
+            "CE_OUTPUT_PREFIXES": "s3://event-outputs/jobs,s3://no-such-bucket-for-events",
         }
         log_path = tmp_path_factory.mktemp("logs") / "predictor.log"
         p = PredictorProcess({**base, **env}, log_path)
@@ -198,16 +87,9 @@ def start_predictor(s3_server, published_voice, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def predictor(start_predictor) -> PredictorProcess:
+def predictor(start_predictor: Callable[..., PredictorProcess]) -> PredictorProcess:
     """One warm predictor shared by the protocol tests."""
     return start_predictor()
-
-
-def v2_request(*texts: str, **parameters) -> dict:
-    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": list(texts)}]}
-    if parameters:
-        body["parameters"] = parameters
-    return body
 
 
 # --- Prometheus (the Debian package) as a real process ------------------------------------------
@@ -222,7 +104,7 @@ class PrometheusProcess(Child):
             raise RuntimeError(
                 "prometheus is not installed: run `make system-packages` (apt-get install prometheus)"
             )
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = {
             # One second, not the production 10 s, so a test sees rates within seconds.
@@ -245,12 +127,7 @@ class PrometheusProcess(Child):
             f"--web.listen-address=127.0.0.1:{self.port}",
         ]
         super().__init__("prometheus", argv, dict(os.environ), workdir / "prometheus.log")
-        wait_until(
-            lambda: httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200,
-            60,
-            "prometheus ready",
-            self,
-        )
+        self.wait_for(lambda: httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200, 60, "ready")
 
     def query(self, expr: str) -> list[dict]:
         """Instant query through the HTTP API; the result vector (raises on a query error)."""

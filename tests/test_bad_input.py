@@ -8,8 +8,9 @@ import struct
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
-from conftest import v2_request
 from tritonclient.utils import InferenceServerException
+
+from testing.bodies import v2_request
 
 GOOD = v2_request("Still serving.")
 

@@ -8,8 +8,9 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
-from conftest import v2_request
 from tritonclient.utils import InferenceServerException
+
+from testing.bodies import v2_request
 
 LONG = " ".join(["Every request either gets a place in the queue or an answer at once."] * 6)
 QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
@@ -90,8 +91,9 @@ def test_grpc_overload_is_unavailable(start_predictor):
     for t in blockers:
         t.start()
         time.sleep(0.05)
-    while predictor.metric("tts_queue_depth") < 1:
-        time.sleep(0.01)
+    predictor.wait_for(
+        lambda: predictor.metric("tts_queue_depth") >= 1, 60, "a request queued", interval=0.01
+    )
     client = triton_grpc.InferenceServerClient(predictor.grpc)
     text = triton_grpc.InferInput("text", [1], "BYTES")
     text.set_data_from_numpy(np.array([b"Let me in."], dtype=object))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,23 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import soundfile
-from conftest import aws_env_for
+
+from testing.predictor import run_cli as cli
+from testing.predictor import run_synth
+from testing.s3 import aws_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "predictor", *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_publish_then_fetch_round_trip(s3_server, tmp_path):
-    env = aws_env_for(s3_server)
+    env = aws_env(s3_server)
 
     published = cli("publish", "--to", "s3://cli-voices/joe", "--endpoint-url", s3_server, env=env)
     fetched = cli("fetch", "s3://cli-voices/joe", str(tmp_path / "model"), env=env)
@@ -42,7 +34,7 @@ def test_publish_then_fetch_round_trip(s3_server, tmp_path):
 
 
 def test_fetch_for_one_engine_skips_the_other_engines_weights(s3_server, tmp_path):
-    env = aws_env_for(s3_server)
+    env = aws_env(s3_server)
     cli("publish", "--to", "s3://cli-voices/joe-onnx", "--endpoint-url", s3_server, env=env)
 
     fetched = cli("fetch", "s3://cli-voices/joe-onnx", str(tmp_path / "model"), "--engine", "onnx", env=env)
@@ -54,7 +46,7 @@ def test_fetch_for_one_engine_skips_the_other_engines_weights(s3_server, tmp_pat
 
 
 def test_fetch_of_missing_artifact_fails_with_reason(s3_server, tmp_path):
-    run = cli("fetch", "s3://cli-voices/absent", str(tmp_path / "model"), env=aws_env_for(s3_server))
+    run = cli("fetch", "s3://cli-voices/absent", str(tmp_path / "model"), env=aws_env(s3_server))
 
     assert run.returncode == 1
     assert "manifest.json" in run.stderr
@@ -63,19 +55,7 @@ def test_fetch_of_missing_artifact_fails_with_reason(s3_server, tmp_path):
 def test_synth_writes_speech_to_a_wav_file(voice_dir, tmp_path):
     out = tmp_path / "hello.wav"
 
-    run = cli(
-        "synth",
-        "--model-dir",
-        str(voice_dir),
-        "--noise-scale",
-        "0",
-        "--noise-w",
-        "0",
-        "--text",
-        "Hello from the command line.",
-        "--out",
-        str(out),
-    )
+    run = run_synth(voice_dir, "Hello from the command line.", out)
 
     assert run.returncode == 0, run.stderr
     audio, rate = soundfile.read(out, dtype="float32")

@@ -6,9 +6,6 @@ replaced (and nothing else), so the decisions and error messages are still exerc
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import soundfile
@@ -20,6 +17,7 @@ from predictor.engine.base import SynthesisParams
 from predictor.engine.onnx import OnnxEngine
 from predictor.engine.torch import TorchEngine
 from predictor.errors import BadRequest, EngineError
+from testing.predictor import run_synth
 
 QUIET = SynthesisParams(noise_scale=0.0, noise_w=0.0)
 TEXTS = [
@@ -114,29 +112,7 @@ def test_cli_synth_files_match_across_engines(voice_dir, tmp_path):
     outs = {}
     for engine in ("torch", "onnx"):
         outs[engine] = tmp_path / f"{engine}.wav"
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "predictor",
-                "synth",
-                "--engine",
-                engine,
-                "--model-dir",
-                str(voice_dir),
-                "--noise-scale",
-                "0",
-                "--noise-w",
-                "0",
-                "--text",
-                TEXTS[1],
-                "--out",
-                str(outs[engine]),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        run = run_synth(voice_dir, TEXTS[1], outs[engine], "--engine", engine)
         assert run.returncode == 0, run.stderr
 
     a, rate_a = soundfile.read(outs["torch"], dtype="float32")

@@ -12,22 +12,22 @@ import http.server
 import io
 import json
 import shutil
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import boto3
 import httpx
 import numpy as np
 import pytest
 import soundfile
-from conftest import aws_env_for, v2_request
 
 from predictor.config import Settings
 from predictor.errors import OutputError
 from predictor.events.outputs import EncodedAudio, OutputStore, event_key, parse_output_uri
+from testing.bodies import v2_request
+from testing.ports import free_port
+from testing.s3 import aws_env, s3_client
 
 REQUEST_TYPE = "dev.tts-predictor.synthesize.v1"
 REPLY_TYPE = "dev.tts-predictor.synthesized.v1"
@@ -39,13 +39,7 @@ QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
 @pytest.fixture(scope="module")
 def s3(s3_server: str):
     """A boto3 client on moto, with a versioned bucket: a second write of a key shows as a second version."""
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=s3_server,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-        region_name="us-east-1",
-    )
+    client = s3_client(s3_server)
     client.create_bucket(Bucket=BUCKET)
     client.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
     return client
@@ -281,17 +275,12 @@ def isolated_predictor(start_predictor, voice_dir, tmp_path_factory):
     p = start_predictor(
         STORAGE_URI="",
         MODEL_DIR=str(model_dir),
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{_dead_port()}",
+        # free_port closes the port on return: connections to it are refused.
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}",
         CE_INLINE_MAX_BYTES="20000",
     )
     yield p
     p.stop()
-
-
-def _dead_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # closed on return: connections to it are refused
 
 
 def test_unreachable_storage_answers_503_and_server_keeps_serving(isolated_predictor):
@@ -362,7 +351,7 @@ def failing_s3(monkeypatch) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    for name, value in aws_env_for(endpoint).items():
+    for name, value in aws_env(endpoint).items():
         monkeypatch.setenv(name, value)
     yield endpoint
     server.shutdown()

@@ -9,11 +9,12 @@ import sys
 import threading
 import time
 
-import boto3
 import httpx
 import pytest
 import tritonclient.grpc as triton_grpc
-from conftest import SECRET, aws_env_for, v2_request
+
+from testing.bodies import v2_request
+from testing.s3 import SECRET, s3_client
 
 LONG_TEXT = " ".join(
     ["The weights arrive, the engine warms up, and only then do we say that we are ready."] * 7
@@ -22,13 +23,11 @@ READINESS_PATHS = ("/v2/models/tts/ready", "/v1/models/tts", "/v2/health/ready")
 
 
 def wait_for_log(predictor, needle: str, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def logged() -> str:
         logs = predictor.logs()
-        if needle in logs:
-            return logs
-        time.sleep(0.1)
-    raise AssertionError(f"{needle!r} never logged:\n{predictor.logs()[-3000:]}")
+        return logs if needle in logs else ""
+
+    return predictor.wait_for(logged, timeout, f"{needle!r} logged", interval=0.1)
 
 
 def test_not_ready_until_warm_while_liveness_answers(start_predictor):
@@ -61,8 +60,9 @@ def test_liveness_answers_during_a_long_synthesis(predictor):
     body = v2_request(LONG_TEXT * 2)
     worker = threading.Thread(target=predictor.post, args=("/v2/models/tts/infer",), kwargs={"json": body})
     worker.start()
-    while predictor.metric("tts_in_flight_requests") < 1:
-        time.sleep(0.01)
+    predictor.wait_for(
+        lambda: predictor.metric("tts_in_flight_requests") >= 1, 60, "a request in flight", interval=0.01
+    )
 
     latencies = []
     while worker.is_alive() and len(latencies) < 20:
@@ -91,7 +91,7 @@ def test_restart_skips_verified_files(start_predictor, tmp_path):
 
 def test_corrupted_object_keeps_model_not_ready(start_predictor, s3_server, voice_dir):
     # Arrange: a copy of the voice whose weights were swapped for same-size garbage after publishing.
-    client = boto3.client("s3", **_boto_args(s3_server))
+    client = s3_client(s3_server)
     for path in sorted(voice_dir.iterdir()):
         client.upload_file(str(path), "voices", f"corrupt/{path.name}")
     size = (voice_dir / "model.safetensors").stat().st_size
@@ -149,8 +149,9 @@ def test_sigterm_finishes_in_flight_requests_then_exits(start_predictor):
         target=lambda: results.setdefault("inflight", predictor.post("/v2/models/tts/infer", json=body))
     )
     worker.start()
-    while predictor.metric("tts_in_flight_requests") < 1:
-        time.sleep(0.01)
+    predictor.wait_for(
+        lambda: predictor.metric("tts_in_flight_requests") >= 1, 60, "a request in flight", interval=0.01
+    )
 
     predictor.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -179,13 +180,3 @@ def _status_or_refused(predictor, path: str, **kwargs):
         return predictor.get(path).status_code
     except httpx.TransportError:
         return "refused"
-
-
-def _boto_args(endpoint: str) -> dict:
-    env = aws_env_for(endpoint)
-    return {
-        "endpoint_url": endpoint,
-        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-        "region_name": env["AWS_DEFAULT_REGION"],
-    }

@@ -116,6 +116,49 @@ def _remove(path: str) -> Callable[[dict], None]:
 
 
 MUTATIONS = [
+    # One per domain whose keys the lint knows from upstream source (tools/manifests.py KNOWN_KEYS).
+    (
+        "keda annotation typo",
+        "keda/overlays/cpu",
+        _kind("HTTPScaledObject"),
+        _set("/metadata/annotations/httpscaledobject.keda.sh~1skip-scaledobject-creaton", "true"),
+        "httpscaledobject.keda.sh/skip-scaledobject-creaton is not a key keda.sh defines",
+    ),
+    (
+        "keda pause annotation typo",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        _set("/metadata/annotations", {"autoscaling.keda.sh/pause": "true"}),
+        "autoscaling.keda.sh/pause is not a key keda.sh defines",
+    ),
+    (
+        "knative serving annotation typo",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/metadata/annotations/serving.knative.dev~1rollout-duraton", "60s"),
+        "serving.knative.dev/rollout-duraton is not a key knative.dev defines",
+    ),
+    (
+        "kserve label typo",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/metadata/labels", {"serving.kserve.io/inference-service": "tts"}),
+        "serving.kserve.io/inference-service is not a key serving.kserve.io defines",
+    ),
+    (
+        "istio sidecar annotation typo",
+        "knative/overlays/cpu",
+        _isvc,
+        _set("/metadata/annotations/sidecar.istio.io~1inejct", "false"),
+        "sidecar.istio.io/inejct is not a key sidecar.istio.io defines",
+    ),
+    (
+        "trigger spec typo under the open schema",
+        "knative/overlays/cpu",
+        _kind("Trigger"),
+        _set("/spec/filtr", {"attributes": {"type": "x"}}),
+        "Trigger spec.filtr is not a TriggerSpec field",
+    ),
     (
         "spec field typo",
         "keda/overlays/cpu",
@@ -136,7 +179,7 @@ MUTATIONS = [
         "knative/overlays/cpu",
         _isvc,
         _set("/metadata/annotations/autoscaling.knative.dev~1scale-down-dealy", "1m"),
-        "scale-down-dealy is unknown",
+        "autoscaling.knative.dev/scale-down-dealy is not a key knative.dev defines",
     ),
     (
         "annotation value",

@@ -10,7 +10,10 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
-from conftest import SECRET, v2_request
+
+from testing.bodies import v2_request
+from testing.ports import free_port
+from testing.s3 import SECRET
 
 INFER = "/v2/models/{model_name}/infer"
 
@@ -81,10 +84,8 @@ class _Collector(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def otlp_receiver():
-    from conftest import _free_port
-
     _Collector.bodies = []
-    server = ThreadingHTTPServer(("127.0.0.1", _free_port()), _Collector)
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Collector)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", _Collector.bodies

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 import yaml
-from conftest import v2_request
 
 from predictor.deploy import kustomize
+from testing.bodies import speech_request, v2_request
 from tools import manifests
 from tools.manifests import Deployment
 
@@ -99,7 +99,7 @@ class _Load:
 
     def _speech(self) -> None:
         # Streaming requests feed the first-packet histogram behind the seed's alert.
-        body = {"model": "tts", "input": SENTENCE, "response_format": "pcm"}
+        body = speech_request(SENTENCE, "pcm")
         with httpx.Client(timeout=120) as client:
             while not self._stop.is_set():
                 with client.stream("POST", f"{self._url}/v1/audio/speech", json=body) as response:
@@ -118,14 +118,6 @@ class _Load:
             thread.join(timeout=120)
 
 
-def _wait_for(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout} s")
-        time.sleep(0.25)
-
-
 def test_every_query_returns_a_sample_and_queue_depth_follows_load(start_predictor, prometheus, tmp_path):
     # One request per engine call, so concurrent requests wait in the queue where it is measured.
     predictor = start_predictor(MAX_BATCH_SIZE="1")
@@ -133,10 +125,12 @@ def test_every_query_returns_a_sample_and_queue_depth_follows_load(start_predict
         [(f"127.0.0.1:{predictor.http_port}", POD_LABELS)], [_write_rules(tmp_path / "rules.yml")]
     )
     (queue_name, queue_query), *_ = [(n, q) for n, q in _scaler_queries().items() if "tts_queue_depth" in q]
-    _wait_for(
-        lambda: prom.value('up{job="tts/tts-predictor"}') == 1, 60, "Prometheus did not scrape the predictor"
+    prom.wait_for(
+        lambda: prom.value('up{job="tts/tts-predictor"}') == 1, 60, "a scrape of the predictor", 0.25
     )
-    _wait_for(lambda: prom.value(queue_query) is not None, 30, f"{queue_name} returned no sample while idle")
+    prom.wait_for(
+        lambda: prom.value(queue_query) is not None, 30, f"a sample of {queue_name} while idle", 0.25
+    )
     idle = prom.value(queue_query)
 
     under_load: list[float] = []
@@ -145,7 +139,7 @@ def test_every_query_returns_a_sample_and_queue_depth_follows_load(start_predict
         while time.monotonic() < deadline:
             under_load.append(prom.value(queue_query) or 0.0)
             time.sleep(0.25)
-    _wait_for(lambda: prom.value(queue_query) == 0, 60, f"{queue_name} did not fall back to 0 after the load")
+    prom.wait_for(lambda: prom.value(queue_query) == 0, 60, f"{queue_name} back to 0 after the load", 0.25)
     # Rates over [5m] need two scrapes that saw the requests; wait one more evaluation.
     time.sleep(2)
 

@@ -14,7 +14,8 @@ import pytest
 import soundfile
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
-from conftest import v2_request
+
+from testing.bodies import v1_request, v2_grpc_request, v2_request
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
@@ -81,13 +82,17 @@ def test_model_metadata_describes_tensors_and_sample_rate(predictor):
     assert meta["parameters"]["sample_rate"] == 22050
 
 
-def test_triton_http_client_with_binary_tensors(predictor):
+def triton_http_infer(predictor, binary: bool) -> triton_http.InferResult:
+    """SENTENCE through Triton's HTTP client, tensors and outputs binary or JSON."""
     client = triton_http.InferenceServerClient(f"127.0.0.1:{predictor.http_port}")
     text = triton_http.InferInput("text", [1], "BYTES")
-    text.set_data_from_numpy(np.array([SENTENCE.encode()], dtype=object), binary_data=True)
-    outputs = [triton_http.InferRequestedOutput(n, binary_data=True) for n in ("audio", "audio_length")]
+    text.set_data_from_numpy(np.array([SENTENCE.encode()], dtype=object), binary_data=binary)
+    outputs = [triton_http.InferRequestedOutput(n, binary_data=binary) for n in ("audio", "audio_length")]
+    return client.infer("tts", [text], outputs=outputs, parameters=QUIET)
 
-    result = client.infer("tts", [text], outputs=outputs, parameters=QUIET)
+
+def test_triton_http_client_with_binary_tensors(predictor):
+    result = triton_http_infer(predictor, binary=True)
 
     rest = predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE, **QUIET)).json()
     length = int(result.as_numpy("audio_length")[0])
@@ -96,12 +101,7 @@ def test_triton_http_client_with_binary_tensors(predictor):
 
 
 def test_triton_http_client_json_only(predictor):
-    client = triton_http.InferenceServerClient(f"127.0.0.1:{predictor.http_port}")
-    text = triton_http.InferInput("text", [1], "BYTES")
-    text.set_data_from_numpy(np.array([SENTENCE.encode()], dtype=object), binary_data=False)
-    outputs = [triton_http.InferRequestedOutput(n, binary_data=False) for n in ("audio", "audio_length")]
-
-    result = client.infer("tts", [text], outputs=outputs, parameters=QUIET)
+    result = triton_http_infer(predictor, binary=False)
 
     assert "data" in result.get_output("audio")
     assert is_speech(result.as_numpy("audio")[0, : int(result.as_numpy("audio_length")[0])])
@@ -130,14 +130,9 @@ def grpc_typed_infer(target: str, text: str, params: dict[str, str]) -> tuple[np
     package and cannot both be imported into one process.
     """
     import grpc
-    from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
-    request = pb.ModelInferRequest(model_name="tts")
-    tensor = request.inputs.add(name="text", datatype="BYTES", shape=[1])
-    tensor.contents.bytes_contents.append(text.encode())
-    for key, value in params.items():
-        request.parameters[key].string_param = value
+    request = v2_grpc_request(text, **params)
     with grpc.insecure_channel(target) as channel:
         response = GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
     assert not response.raw_output_contents, "typed request must get typed outputs"
@@ -170,7 +165,7 @@ def test_kserve_rest_and_grpc_clients(predictor):
 def test_v1_predict_returns_wav_per_instance(predictor):
     response = predictor.post(
         "/v1/models/tts:predict",
-        json={"instances": [{"text": "Hello."}, {"text": SENTENCE}], "parameters": QUIET},
+        json=v1_request("Hello.", SENTENCE, **QUIET),
     )
 
     assert response.status_code == 200, response.text

@@ -8,20 +8,19 @@ then nginx mirroring real requests to a stable and three canaries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
-import boto3
 import grpc
 import httpx
 import numpy as np
 import pytest
-from conftest import _free_port, aws_env_for, v2_request
 
 # Triton's copy of the v2 protos, as the other test modules load: KServe's and Triton's define the same
 # `inference.*` symbols and cannot share one process.
@@ -35,6 +34,12 @@ from predictor.config import load_settings
 from predictor.observability import metrics
 from predictor.shadow import compare
 from predictor.shadow import recorder as recording
+from testing.bodies import v1_request, v2_grpc_request, v2_request
+from testing.polling import answers, wait_until
+from testing.ports import free_port
+from testing.predictor import run_cli
+from testing.process import Child
+from testing.s3 import aws_env, s3_client
 
 SR = 22050
 
@@ -102,18 +107,6 @@ def run_compare(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    import os
-
-    return subprocess.run(
-        [sys.executable, "-m", "predictor", *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 # --- the fingerprint -------------------------------------------------------------------------
 def test_fingerprint_has_a_fixed_shape_whatever_the_audio_length():
     short = fingerprint.fingerprint(voiced(0, seconds=0.01), SR)  # shorter than one analysis window
@@ -162,9 +155,8 @@ def test_recorder_writes_full_batches_then_the_rest_when_they_are_old_enough():
 
     for i in range(7):
         recorder.submit(f"id{i}", "/v2/models/{model_name}/infer", 200, 0.1, _capture(f"text {i}"))
-    deadline = time.monotonic() + 10
-    while sum(map(len, sink.batches)) < 7 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    with contextlib.suppress(TimeoutError):  # the assertions below say what went missing
+        wait_until(lambda: sum(map(len, sink.batches)) >= 7, 10, 0.02, "seven records written")
     recorder.close()
 
     assert [len(b) for b in sink.batches] == [3, 3, 1]
@@ -394,12 +386,7 @@ def test_stdout_sink_prints_one_record_per_synthesis_request_errors_included(std
     stdout_predictor.post("/v2/models/tts/infer", json=v2_request(" "), headers={"X-Request-Id": bad_id})
     httpx.get(stdout_predictor.url + "/v2/health/live", headers={"X-Request-Id": probe_id}, timeout=5)
 
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        by_id = {r["id"]: r for r in _records_in(stdout_predictor.logs())}
-        if ok_id in by_id and bad_id in by_id:
-            break
-        time.sleep(0.1)
+    by_id = _wait_for_records(stdout_predictor, ok_id, bad_id)
     ok, bad = by_id[ok_id], by_id[bad_id]
     assert (
         ok["status"] == 200
@@ -418,27 +405,20 @@ def test_stdout_sink_prints_one_record_per_synthesis_request_errors_included(std
 
 
 def _wait_for_records(p, *ids: str, timeout_s: float = 20) -> dict[str, dict]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    """The records in ``p``'s log by id, once all of ``ids`` are there (or whatever is after the timeout)."""
+
+    def found() -> dict[str, dict]:
         by_id = {r["id"]: r for r in _records_in(p.logs())}
-        if all(i in by_id for i in ids) or time.monotonic() > deadline:
-            return by_id
-        time.sleep(0.1)
+        return by_id if all(i in by_id for i in ids) else {}
+
+    try:
+        return p.wait_for(found, timeout_s, f"records {ids}", interval=0.1)
+    except TimeoutError:
+        return {r["id"]: r for r in _records_in(p.logs())}
 
 
 def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor):
-    text = b"Over gRPC."
-    request = pb.ModelInferRequest(
-        model_name="tts",
-        inputs=[
-            pb.ModelInferRequest.InferInputTensor(
-                name="text",
-                datatype="BYTES",
-                shape=[1],
-                contents=pb.InferTensorContents(bytes_contents=[text]),
-            )
-        ],
-    )
+    request = v2_grpc_request("Over gRPC.")
     with grpc.insecure_channel(stdout_predictor.grpc) as channel:
         stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
         stub.ModelInfer(request, metadata=(("x-request-id", "grpc-infer-1"),), timeout=60)
@@ -468,17 +448,6 @@ def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predict
         assert record["audio_s"] == pytest.approx(len(response.content) / 2 / 22050, abs=0.2)
 
 
-def _s3(endpoint: str):
-    env = aws_env_for(endpoint)
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_DEFAULT_REGION"],
-    )
-
-
 def _objects(client, bucket: str, prefix: str) -> list[list[dict]]:
     listing = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", [])
     bodies = [
@@ -489,7 +458,7 @@ def _objects(client, bucket: str, prefix: str) -> list[list[dict]]:
 
 
 def test_s3_sink_writes_batches_and_the_tail_on_sigterm(start_predictor, s3_server):
-    client = _s3(s3_server)
+    client = s3_client(s3_server)
     client.create_bucket(Bucket="shadow-batches")
     prefix = f"run-{uuid.uuid4().hex[:8]}"
     p = start_predictor(
@@ -503,9 +472,8 @@ def test_s3_sink_writes_batches_and_the_tail_on_sigterm(start_predictor, s3_serv
         body = v2_request(f"Batch record number {i}.") if i != 6 else v2_request("")
         p.post("/v2/models/tts/infer", json=body, headers={"X-Request-Id": rid})
 
-    deadline = time.monotonic() + 30
-    while len(_objects(client, "shadow-batches", prefix)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(TimeoutError):  # the assertion on before_stop says what went missing
+        p.wait_for(lambda: len(_objects(client, "shadow-batches", prefix)) >= 2, 30, "two batches", 0.2)
     before_stop = _objects(client, "shadow-batches", prefix)
     dropped = p.metric("tts_shadow_records_total", outcome="dropped")
     code = p.stop()
@@ -590,7 +558,7 @@ LOOSE_LATENCY = ("--max-p50-increase", "1.0", "--max-p99-increase", "3.0")
 def mirrored(start_predictor, s3_server, tmp_path_factory):
     """N requests through nginx to stable, mirrored to an identical canary, one speaking slower
     (DEFAULT_LENGTH_SCALE) and one behind a slow link; every predictor stopped, records flushed."""
-    client = _s3(s3_server)
+    client = s3_client(s3_server)
     client.create_bucket(Bucket="shadow-e2e")
     run = uuid.uuid4().hex[:8]
     uris = {name: f"s3://shadow-e2e/{run}/{name}" for name in ("stable", "same", "slower-speech", "slow")}
@@ -605,21 +573,14 @@ def mirrored(start_predictor, s3_server, tmp_path_factory):
         p.wait_ready()
     proxy = SlowProxy(predictors["slow"].http_port, SLOW_S)
     prefix = tmp_path_factory.mktemp("nginx")
-    port = _free_port()
+    port = free_port()
     mirrors = [predictors["same"].url, predictors["slower-speech"].url, proxy.url]
     conf = nginx.write_conf(prefix, nginx.mirror_conf(port, predictors["stable"].url, mirrors))
-    proc = subprocess.Popen(nginx.argv(nginx.ensure_nginx(), prefix, conf), stderr=subprocess.DEVNULL)
+    proxy_log = prefix / "nginx.log"
+    mirror = Child("nginx", nginx.argv(nginx.ensure_nginx(), prefix, conf), os.environ, proxy_log)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(base + "/v2/health/live", timeout=1)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        mirror.wait_for(lambda: answers(base + "/v2/health/live"), 20, "proxying", 0.1)
         sent, answered = [], []
         for i in range(N_MIRRORED):
             text = MIRROR_TEXTS[i % len(MIRROR_TEXTS)]
@@ -627,10 +588,7 @@ def mirrored(start_predictor, s3_server, tmp_path_factory):
             if i % 2:
                 path, body = "/v2/models/tts/infer", v2_request(text, seed=i)
             else:
-                path, body = (
-                    "/v1/models/tts:predict",
-                    {"instances": [{"text": text}], "parameters": {"seed": i}},
-                )
+                path, body = "/v1/models/tts:predict", v1_request(text, seed=i)
             headers = {"X-Request-Id": f"client-{run}-{i}"} if i % 3 == 0 else {}
             r = httpx.post(base + path, json=body, headers=headers, timeout=120)  # a fresh connection each
             assert r.status_code == 200, r.text
@@ -639,17 +597,21 @@ def mirrored(start_predictor, s3_server, tmp_path_factory):
         # Mirrored requests finish after the client's answers; wait for each canary to have all of them.
         for name in ("same", "slower-speech", "slow"):
             p = predictors[name]
-            deadline = time.monotonic() + 60
-            while sum(p.metric("tts_requests_total", route=r, code="200") for r in SYNTH_ROUTES) < N_MIRRORED:
-                assert time.monotonic() < deadline, f"{name} did not see every mirrored request"
-                time.sleep(0.2)
+            p.wait_for(
+                lambda p=p: (
+                    sum(p.metric("tts_requests_total", route=r, code="200") for r in SYNTH_ROUTES)
+                    >= N_MIRRORED
+                ),
+                60,
+                "every mirrored request answered",
+                0.2,
+            )
     finally:
-        proc.terminate()
-        proc.wait(10)
+        mirror.stop(10)
         proxy.close()
         codes = {name: p.stop() for name, p in predictors.items()}
     assert codes == dict.fromkeys(uris, 0)
-    return {"uris": uris, "sent": sent, "answered": answered, "env": aws_env_for(s3_server)}
+    return {"uris": uris, "sent": sent, "answered": answered, "env": aws_env(s3_server)}
 
 
 def test_request_ids_propagate_through_the_mirror_to_every_predictor(mirrored, s3_env):
@@ -661,32 +623,30 @@ def test_request_ids_propagate_through_the_mirror_to_every_predictor(mirrored, s
     assert all(got == sorted(mirrored["answered"]) for got in ids.values()), ids
 
 
-def test_identical_canary_passes(mirrored):
-    run = run_cli(
+def compare_with_stable(mirrored, canary: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`tts-predictor compare` of one canary's records against the stable's, latency limits loosened."""
+    uris = mirrored["uris"]
+    return run_cli(
         "compare",
         "--stable",
-        mirrored["uris"]["stable"],
+        uris["stable"],
         "--canary",
-        mirrored["uris"]["same"],
+        uris[canary],
         *LOOSE_LATENCY,
+        *args,
         env=mirrored["env"],
     )
+
+
+def test_identical_canary_passes(mirrored):
+    run = compare_with_stable(mirrored, "same")
 
     assert run.returncode == 0, run.stdout + run.stderr
     assert "match rate       100.0%" in run.stdout and "p50 0.00 dB" in run.stdout
 
 
 def test_canary_with_other_synthesis_settings_fails_naming_duration(mirrored):
-    run = run_cli(
-        "compare",
-        "--stable",
-        mirrored["uris"]["stable"],
-        "--canary",
-        mirrored["uris"]["slower-speech"],
-        *LOOSE_LATENCY,
-        "--json",
-        env=mirrored["env"],
-    )
+    run = compare_with_stable(mirrored, "slower-speech", "--json")
 
     assert run.returncode == 1, run.stdout + run.stderr
     summary = json.loads(run.stdout)
@@ -696,17 +656,7 @@ def test_canary_with_other_synthesis_settings_fails_naming_duration(mirrored):
 
 def test_canary_with_injected_latency_fails_naming_latency(mirrored, tmp_path):
     png = tmp_path / "slow.png"
-    run = run_cli(
-        "compare",
-        "--stable",
-        mirrored["uris"]["stable"],
-        "--canary",
-        mirrored["uris"]["slow"],
-        *LOOSE_LATENCY,
-        "--png",
-        str(png),
-        env=mirrored["env"],
-    )
+    run = compare_with_stable(mirrored, "slow", "--png", str(png))
 
     reasons = run.stdout.split("FAIL", 1)[-1]
     assert run.returncode == 1, run.stdout + run.stderr

@@ -10,18 +10,20 @@ import numpy as np
 import pytest
 import soundfile
 
+from testing.bodies import speech_request
+
 TEN_SENTENCES = " ".join(f"This is sentence number {n}, spoken on its own." for n in range(1, 11))
 
 
-def speech(predictor, **body) -> httpx.Response:
-    return predictor.post("/v1/audio/speech", json={"model": "tts", **body}, timeout=120)
+def speech(predictor, text: str, response_format: str, **fields) -> httpx.Response:
+    return predictor.post(
+        "/v1/audio/speech", json=speech_request(text, response_format, **fields), timeout=120
+    )
 
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "opus"])
 def test_whole_file_in_each_format_decodes_to_speech(predictor, fmt):
-    response = speech(
-        predictor, input="Hello from the speech route. It has two sentences.", response_format=fmt
-    )
+    response = speech(predictor, "Hello from the speech route. It has two sentences.", fmt)
 
     assert response.status_code == 200, response.text
     audio, rate = soundfile.read(io.BytesIO(response.content), dtype="float32")
@@ -29,7 +31,7 @@ def test_whole_file_in_each_format_decodes_to_speech(predictor, fmt):
 
 
 def test_pcm_is_raw_16_bit_at_the_model_rate(predictor):
-    response = speech(predictor, input="Raw samples, please.", response_format="pcm")
+    response = speech(predictor, "Raw samples, please.", "pcm")
 
     assert response.headers["content-type"].startswith("audio/pcm")
     samples = np.frombuffer(response.content, dtype="<i2")
@@ -37,8 +39,8 @@ def test_pcm_is_raw_16_bit_at_the_model_rate(predictor):
 
 
 def test_speed_shortens_the_audio(predictor):
-    normal = speech(predictor, input=TEN_SENTENCES[:120], response_format="pcm")
-    fast = speech(predictor, input=TEN_SENTENCES[:120], response_format="pcm", speed=2.0)
+    normal = speech(predictor, TEN_SENTENCES[:120], "pcm")
+    fast = speech(predictor, TEN_SENTENCES[:120], "pcm", speed=2.0)
 
     assert len(fast.content) < 0.7 * len(normal.content)
 
@@ -46,11 +48,8 @@ def test_speed_shortens_the_audio(predictor):
 def test_stream_starts_before_the_last_segment_is_synthesized(predictor):
     calls_before = predictor.metric("tts_batch_size_count")
 
-    with httpx.stream(
-        "POST",
-        predictor.url + "/v1/audio/speech",
-        timeout=120,
-        json={"model": "tts", "input": TEN_SENTENCES, "response_format": "pcm", "stream": True},
+    with predictor.stream(
+        "/v1/audio/speech", json=speech_request(TEN_SENTENCES, "pcm", stream=True)
     ) as response:
         chunks = response.iter_bytes()
         first = next(chunks)
@@ -65,11 +64,8 @@ def test_stream_starts_before_the_last_segment_is_synthesized(predictor):
 
 
 def test_streamed_wav_decodes(predictor):
-    with httpx.stream(
-        "POST",
-        predictor.url + "/v1/audio/speech",
-        timeout=120,
-        json={"model": "tts", "input": TEN_SENTENCES[:150], "response_format": "wav", "stream": True},
+    with predictor.stream(
+        "/v1/audio/speech", json=speech_request(TEN_SENTENCES[:150], "wav", stream=True)
     ) as response:
         body = response.read()
 
@@ -81,12 +77,7 @@ def test_client_that_hangs_up_cancels_the_remaining_segments(predictor):
     text = " ".join([TEN_SENTENCES] * 3)  # thirty segments
     calls_before = predictor.metric("tts_batch_size_count")
 
-    with httpx.stream(
-        "POST",
-        predictor.url + "/v1/audio/speech",
-        timeout=120,
-        json={"model": "tts", "input": text, "response_format": "pcm", "stream": True},
-    ) as response:
+    with predictor.stream("/v1/audio/speech", json=speech_request(text, "pcm", stream=True)) as response:
         next(response.iter_bytes())
     time.sleep(3.0)  # long enough for many more segments, had they gone on
     settled = predictor.metric("tts_batch_size_count") - calls_before
@@ -141,12 +132,8 @@ def test_a_20000_character_text_streams_in_bounded_memory(start_predictor):
 
     def stream(chars: int) -> tuple[httpx.Response, int]:
         received = 0
-        with httpx.stream(
-            "POST",
-            predictor.url + "/v1/audio/speech",
-            timeout=1200,
-            json={"model": "tts", "input": text[:chars], "response_format": "pcm", "stream": True},
-        ) as r:
+        body = speech_request(text[:chars], "pcm", stream=True)
+        with predictor.stream("/v1/audio/speech", timeout=1200, json=body) as r:
             for chunk in r.iter_bytes():
                 received += len(chunk)
         return r, received

@@ -182,7 +182,201 @@ ANNOTATIONS: dict[str, str] = {
     "eventing.knative.dev/broker.class": "MTChannelBasedBroker|Kafka",
     "httpscaledobject.keda.sh/skip-scaledobject-creation": "true|false",
 }
-_CHECKED_DOMAINS = ("serving.kserve.io/", "autoscaling.knative.dev/", "eventing.knative.dev/", "keda.sh/")
+
+# Every annotation and label key each project defines in the domains it owns, read from its source.
+# A key in one of these domains that is not listed is a typo the API server stores and every
+# controller ignores (`autoscaling.keda.sh/pause` pauses nothing). Keys are matched exactly.
+KNOWN_KEYS: dict[str, frozenset[str]] = {
+    # kedacore/keda apis/keda/v1alpha1/scaledobject_types.go (the ScaledObject constants);
+    # kedacore/http-add-on operator/controllers/http/ (SkipScaledObjectCreationAnnotation) and its
+    # docs/ref HTTPScaledObject reference (orphan-scaledobject).
+    "keda.sh": frozenset(
+        {
+            "scaledobject.keda.sh/name",
+            "scaledobject.keda.sh/transfer-hpa-ownership",
+            "scaledobject.keda.sh/hpa-excluded-labels",
+            "validations.keda.sh/hpa-ownership",
+            "autoscaling.keda.sh/paused-replicas",
+            "autoscaling.keda.sh/paused",
+            "autoscaling.keda.sh/paused-scale-down",
+            "httpscaledobject.keda.sh/skip-scaledobject-creation",
+            "httpscaledobject.keda.sh/orphan-scaledobject",
+        }
+    ),
+    # knative/serving pkg/apis/autoscaling/register.go (kebab-case keys, and the camelCase ones the
+    # same file still accepts as aliases); pkg/apis/serving/register.go; knative/eventing
+    # pkg/apis/eventing/register.go; networking.knative.dev/visibility as kserve's constants.go uses it.
+    "knative.dev": frozenset(
+        {
+            *(
+                "autoscaling.knative.dev/" + k
+                for k in (
+                    "class",
+                    "metric",
+                    "target",
+                    "min-scale",
+                    "max-scale",
+                    "initial-scale",
+                    "activation-scale",
+                    "scale-down-delay",
+                    "scale-to-zero-pod-retention-period",
+                    "window",
+                    "target-utilization-percentage",
+                    "target-burst-capacity",
+                    "panic-window-percentage",
+                    "panic-threshold-percentage",
+                    "metric-aggregation-algorithm",
+                    "minScale",
+                    "maxScale",
+                    "initialScale",
+                    "scaleToZeroPodRetentionPeriod",
+                    "targetUtilizationPercentage",
+                    "targetBurstCapacity",
+                    "panicWindowPercentage",
+                    "panicThresholdPercentage",
+                    "kpa",
+                )
+            ),
+            *(
+                "serving.knative.dev/" + k
+                for k in (
+                    "rollout-duration",
+                    "creator",
+                    "lastModifier",
+                    "routingState",
+                    "routingStateModified",
+                    "service",
+                    "configuration",
+                    "revision",
+                    "route",
+                    "visibility",
+                    "progress-deadline",
+                )
+            ),
+            "networking.knative.dev/visibility",
+            "networking.knative.dev/disable-auto-tls",
+            "features.knative.dev/queueproxy-resource-defaults",
+            "eventing.knative.dev/broker.class",
+            "eventing.knative.dev/scope",
+            "eventing.knative.dev/injection",
+            "eventing.knative.dev/release",
+        }
+    ),
+    # kserve/kserve pkg/constants/constants.go (InferenceService annotations and labels).
+    "serving.kserve.io": frozenset(
+        "serving.kserve.io/" + k
+        for k in (
+            "deploymentMode",
+            "autoscalerClass",
+            "metrics",
+            "targetUtilizationPercentage",
+            "enable-tag-routing",
+            "disable-localmodel",
+            "enable-metric-aggregation",
+            "enable-prometheus-scraping",
+            "gke-accelerator",
+            "nodegroup",
+            "gpu-resource-types",
+            "storage-initializer-uid",
+            "inferenceservice",
+            "inferencegraph",
+            "trainedmodel-allocated",
+            "kind",
+        )
+    ),
+    # istio/api annotation/annotations.yaml (the sidecar.istio.io/ entries).
+    "sidecar.istio.io": frozenset(
+        "sidecar.istio.io/" + k
+        for k in (
+            "inject",
+            "status",
+            "interceptionMode",
+            "proxyCPU",
+            "proxyCPULimit",
+            "proxyMemory",
+            "proxyMemoryLimit",
+            "proxyImage",
+            "proxyImageType",
+            "logLevel",
+            "componentLogLevel",
+            "agentLogLevel",
+            "bootstrapOverride",
+            "discoveryAddress",
+            "extraStatTags",
+            "rewriteAppHTTPProbers",
+            "statsInclusionPrefixes",
+            "statsInclusionRegexps",
+            "statsInclusionSuffixes",
+            "statsHistogramBuckets",
+            "userVolume",
+            "userVolumeMount",
+            "enableCoreDump",
+            "statusPort",
+            "nativeSidecar",
+        )
+    ),
+}
+
+
+def key_domain(key: str) -> str | None:
+    """Which of KNOWN_KEYS' domains a key falls in: `*.keda.sh/`, `*.knative.dev/`, or an exact one."""
+    prefix = key.split("/", 1)[0] if "/" in key else ""
+    for domain in KNOWN_KEYS:
+        if prefix == domain or prefix.endswith("." + domain):
+            return domain
+    return None
+
+
+def _metadata_blocks(node: Any) -> Iterator[Obj]:
+    """Every ObjectMeta in an object: its own and its templates' (pod templates, ISVC predictor)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "metadata" and isinstance(value, dict):
+                yield value
+            yield from _metadata_blocks(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _metadata_blocks(item)
+
+
+def unknown_keys(obj: Obj) -> list[str]:
+    problems = []
+    for meta in _metadata_blocks(obj):
+        for field_name in ("annotations", "labels"):
+            for key in meta.get(field_name) or {}:
+                domain = key_domain(key)
+                if domain is not None and key not in KNOWN_KEYS[domain] and key not in ANNOTATIONS:
+                    problems.append(f"{field_name[:-1]} {key} is not a key {domain} defines (typo?)")
+    return problems
+
+
+# Trigger's CRD leaves spec open below the root (x-kubernetes-preserve-unknown-fields), so
+# `spec.filtr` would be stored and ignored. Fields of TriggerSpec, its filter and DeliverySpec:
+# knative/eventing pkg/apis/eventing/v1/trigger_types.go and pkg/apis/duck/v1/delivery_types.go.
+TRIGGER_FIELDS: dict[str, frozenset[str]] = {
+    "spec": frozenset({"broker", "brokerRef", "filter", "filters", "subscriber", "delivery"}),
+    "filter": frozenset({"attributes"}),
+    "delivery": frozenset(
+        {"deadLetterSink", "retry", "backoffPolicy", "backoffDelay", "timeout", "retryAfterMax", "format"}
+    ),
+    "subscriber": frozenset({"ref", "uri", "CACerts", "audience"}),
+}
+
+
+def _trigger_problems(obj: Obj) -> list[str]:
+    spec = obj.get("spec") or {}
+    problems = [
+        f"Trigger spec.{k} is not a TriggerSpec field" for k in sorted(set(spec) - TRIGGER_FIELDS["spec"])
+    ]
+    for part in ("filter", "delivery", "subscriber"):
+        value = spec.get(part)
+        if isinstance(value, dict):
+            problems += [
+                f"Trigger spec.{part}.{k} is not a field of {part}"
+                for k in sorted(set(value) - TRIGGER_FIELDS[part])
+            ]
+    return problems
+
 
 # KEDA's trigger metadata is map[string]string in the CRD: a misspelt key passes the schema and is
 # ignored by KEDA. These are the keys each scaler reads (KEDA 2.17 docs; HTTP add-on 0.14 for
@@ -231,11 +425,11 @@ WAKES_FROM_ZERO = {"external-push", "kafka"}
 def lint_problems(obj: Obj) -> list[str]:
     problems = []
     for key, value in (obj.get("metadata", {}).get("annotations") or {}).items():
-        if key in ANNOTATIONS:
-            if not re.fullmatch(ANNOTATIONS[key], str(value)):
-                problems.append(f"annotation {key}: {value!r} is not one of {ANNOTATIONS[key]}")
-        elif key.startswith(_CHECKED_DOMAINS):
-            problems.append(f"annotation {key} is unknown (typo?)")
+        if key in ANNOTATIONS and not re.fullmatch(ANNOTATIONS[key], str(value)):
+            problems.append(f"annotation {key}: {value!r} is not one of {ANNOTATIONS[key]}")
+    problems += unknown_keys(obj)
+    if obj["kind"] == "Trigger":
+        problems += _trigger_problems(obj)
     if obj["kind"] == "InferenceService" and not is_serverless(obj):
         # Knative-only knobs are silently ignored in Standard mode: the value someone tuned does nothing.
         knative_only = [

@@ -22,6 +22,7 @@ from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 
 from predictor.errors import PredictorError
 from predictor.observability import metrics, request_ids
+from predictor.serving.service import TTSService
 from predictor.shadow import recorder as records
 
 log = logging.getLogger("predictor.server")
@@ -59,12 +60,13 @@ _GRPC_AS_HTTP = {
 
 class GrpcInterceptor(ExceptionToStatusInterceptor):
     """KServe's mapping plus ours, a request counter by method and final status, request ids in the
-    initial metadata and a shadow record per ModelInfer."""
+    initial metadata, a shadow record per ModelInfer, and each ModelInfer admitted for the drain."""
 
-    def __init__(self, revision: str, recorder: records.Recorder | None):
+    def __init__(self, revision: str, recorder: records.Recorder | None, service: TTSService | None = None):
         super().__init__()
         self._revision = revision
         self._recorder = recorder
+        self._service = service
 
     async def intercept(self, method: Any, request_or_iterator: Any, context: Any, method_name: str) -> Any:
         code = StatusCode.OK
@@ -80,6 +82,9 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
         recorded = self._recorder is not None and name in GRPC_SYNTHESIS_METHODS
         captured, token = records.begin() if recorded else (None, None)
         try:
+            if self._service is not None and name in GRPC_SYNTHESIS_METHODS:
+                async with self._service.admit(rid, "grpc:" + name):
+                    return await super().intercept(method, request_or_iterator, context, method_name)
             return await super().intercept(method, request_or_iterator, context, method_name)
         except BaseException:
             code = context.code() or StatusCode.UNKNOWN

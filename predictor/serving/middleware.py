@@ -1,5 +1,6 @@
 """The one ASGI middleware: request ids and revision on every response, request counters, shadow records,
-per-request limits, and a well-formed 500 for an error nothing else handled."""
+admission of synthesis requests for the drain, per-request limits, and a well-formed 500 for an error
+nothing else handled."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import orjson
 from predictor.errors import PayloadTooLarge, RequestTimeout
 from predictor.observability import metrics
 from predictor.observability.request_ids import REQUEST_ID_HEADER, REVISION_HEADER, request_id
+from predictor.serving.service import TTSService
 from predictor.shadow.recorder import Recorder, begin, end
 
 Scope = dict[str, Any]
@@ -49,13 +51,22 @@ class RequestMiddleware:
     logged once with the request id and traceback; the connection stays usable (the body was answered
     in full). Only if the response had already started (a stream) is the connection dropped.
 
-    Installed outermost, so its latency covers everything the app does for the request.
+    Installed outermost, so its latency covers everything the app does for the request, and so the
+    drain's admission (every POST: each synthesis route is one, and no other POST runs long) spans the
+    whole response, a stream's last chunk included.
     """
 
     def __init__(
-        self, app: ASGIApp, revision: str, recorder: Recorder | None, routes: frozenset[str], limits: Limits
+        self,
+        app: ASGIApp,
+        revision: str,
+        recorder: Recorder | None,
+        routes: frozenset[str],
+        limits: Limits,
+        service: TTSService | None = None,
     ):
         self.app = app
+        self._service = service
         self._revision = revision.encode()
         self._recorder = recorder
         self._routes = routes
@@ -125,6 +136,9 @@ class RequestMiddleware:
             refusal = self._refusal(scope)
             if refusal is not None:
                 await answer(*refusal)
+            elif self._service is not None and scope.get("method") == "POST":
+                async with self._service.admit(rid, scope.get("path", "")):
+                    await self.app(scope, limited_receive, send_with_ids)
             else:
                 await self.app(scope, limited_receive, send_with_ids)
         except Exception as exc:

@@ -5,15 +5,23 @@ call `TTSService.synthesize`. The engine runs on a single dedicated thread behin
 queue (batcher.py): engine calls are serialized (a GPU runs one graph at a time anyway), the event
 loop never blocks on synthesis, so liveness answers during a long request, and overload is refused
 at once rather than queued without bound.
+
+The drain counts requests, not engine calls: the REST middleware and the gRPC interceptor admit each
+synthesis request (`TTSService.admit`) for its whole life — every segment of a stream, an event's
+upload and completion record — and a request admitted before SIGTERM is served to its end, while one
+arriving after is refused. Counting engine calls cut streams off between two segments.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,13 +47,29 @@ class SynthesisResult:
         return sum(len(a) for a in self.audio) / self.sample_rate
 
 
+@dataclass(eq=False)
+class Admission:
+    """One request counted by the drain, from its first byte in to its last byte out."""
+
+    service: TTSService
+    request_id: str
+    route: str
+    started: float = field(default_factory=time.monotonic)
+
+
+# The admission of the request this task serves; copied into the tasks it starts (a stream's body,
+# an event's shielded upload), so they are served as the request that started them.
+_ADMISSION: ContextVar[Admission | None] = ContextVar("tts_admission", default=None)
+
+
 class TTSService:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.engine: Engine | None = None
         self._ready = False
         self._draining = False
-        self._in_flight = 0
+        self._in_flight = 0  # engine calls, for direct callers that were never admitted
+        self._admitted: set[Admission] = set()
         self._idle = asyncio.Condition()
         self._batcher: Batcher | None = None
 
@@ -70,16 +94,55 @@ class TTSService:
         metrics.READY.set(1)
 
     async def drain(self, timeout_s: float) -> bool:
-        """Refuse new work, wait for in-flight requests; True if they all finished in time."""
+        """Refuse new requests, wait for admitted ones; True if they all finished in time.
+
+        On timeout, logs the requests still running (ids, routes, seconds) before they are cut off.
+        """
         self._draining = True
         metrics.READY.set(0)
         async with self._idle:
             try:
-                await asyncio.wait_for(self._idle.wait_for(lambda: self._in_flight == 0), timeout_s)
+                await asyncio.wait_for(self._idle.wait_for(self._idle_now), timeout_s)
                 return True
             except TimeoutError:
-                log.warning("drain timed out", extra={"in_flight": self._in_flight})
+                now = time.monotonic()
+                running = [
+                    {"request_id": a.request_id, "route": a.route, "running_s": round(now - a.started, 3)}
+                    for a in sorted(self._admitted, key=lambda a: a.started)
+                ]
+                log.warning(
+                    "drain timed out after DRAIN_TIMEOUT_S=%s; cutting off %d request(s): %s",
+                    timeout_s,
+                    len(running),
+                    ", ".join(f"{r['request_id']} {r['route']}" for r in running) or "none",
+                    extra={"cut_off": running, "engine_calls": self._in_flight},
+                )
                 return False
+
+    def _idle_now(self) -> bool:
+        return not self._admitted and self._in_flight == 0
+
+    @contextlib.asynccontextmanager
+    async def admit(self, request_id: str, route: str) -> AsyncIterator[Admission | None]:
+        """Count one request for the drain while the block runs: yields its admission, or None when
+        draining (the route then refuses it with 503 / UNAVAILABLE through require_ready)."""
+        if self._draining:
+            yield None
+            return
+        admission = Admission(self, request_id, route)
+        self._admitted.add(admission)
+        token = _ADMISSION.set(admission)
+        try:
+            yield admission
+        finally:
+            _ADMISSION.reset(token)
+            self._admitted.discard(admission)
+            async with self._idle:
+                self._idle.notify_all()
+
+    @property
+    def admitted(self) -> int:
+        return len(self._admitted)
 
     # --- requests --------------------------------------------------------------------------
     @property
@@ -93,6 +156,9 @@ class TTSService:
         return self.engine.voices if self.engine else []
 
     def require_ready(self) -> None:
+        admission = _ADMISSION.get()
+        if self._ready and admission is not None and admission.service is self:
+            return  # admitted before the drain began: served to its end
         if not self.ready:
             raise NotReady(
                 "model is draining" if self._draining else "model is not ready (cold start in progress)"
