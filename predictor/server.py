@@ -41,7 +41,7 @@ from kserve.protocol.rest.server import RESTServer
 from opentelemetry import trace
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from predictor.api import openapi, speech, v1, v2
+from predictor.api import openapi, pages, speech, v1, v2
 from predictor.api.handlers import (
     http_exception_response,
     not_ready_response,
@@ -218,6 +218,9 @@ class _GRPCServer:
 
 def add_routes(app: FastAPI, service: TTSService, settings: Settings) -> None:
     app.include_router(openapi.router(settings))
+    if settings.playground:
+        # Before KServe's routes: its `/` (a liveness answer) gives way to the page.
+        app.include_router(pages.router())
     app.include_router(speech.router(service, settings))
     app.include_router(v2.router(service, settings))
     app.include_router(v1.router(service, settings, OutputStore(settings)))

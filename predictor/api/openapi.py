@@ -367,6 +367,18 @@ def document(settings: Settings) -> dict[str, Any]:
             }
         },
     }
+    if settings.playground:
+        page = {
+            "get": {
+                "summary": "The playground page (PLAYGROUND=true)",
+                "responses": {"200": {"description": "HTML"}},
+            }
+        }
+        paths["/"] = paths["/playground"] = page
+    else:
+        paths["/"] = {
+            "get": {"summary": "Liveness (KServe's)", "responses": {"200": {"description": "live"}}}
+        }
     return {
         "openapi": "3.0.3",
         "info": {
