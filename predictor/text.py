@@ -114,6 +114,19 @@ def _is_wide(ch: str) -> bool:
     return unicodedata.east_asian_width(ch) in _WIDE_WIDTHS
 
 
+# --- length bounds ---------------------------------------------------------------------------------
+
+# Seconds of speech per character of text, as an upper bound for ordinary prose: the default voice
+# measures about 0.06 s per character at length_scale 1. Text that reads much longer than it is
+# written (long digit strings: "1234567" is seven words) can exceed it.
+SPOKEN_SECONDS_PER_CHAR_BOUND = 0.1
+
+
+def spoken_seconds_bound(text: str, length_scale: float = 1.0) -> float:
+    """Seconds of audio ``text`` should not exceed at ``length_scale`` (see SPOKEN_SECONDS_PER_CHAR_BOUND)."""
+    return len(text) * SPOKEN_SECONDS_PER_CHAR_BOUND * length_scale
+
+
 # --- segmentation ----------------------------------------------------------------------------------
 
 # CJK sentence terminators end a sentence whether or not a space follows (CJK uses none).

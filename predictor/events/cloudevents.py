@@ -39,6 +39,7 @@ import orjson
 from cloudevents.exceptions import GenericException as CloudEventError
 from cloudevents.http import CloudEvent, from_http, to_binary, to_structured
 
+from predictor import text as text_prep
 from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SEED_LIMIT, SynthesisParams
@@ -59,9 +60,6 @@ STRUCTURED = "application/cloudevents+json"
 DEFAULT_FORMAT = "wav"
 # Data fields that are not synthesis parameters; everything else goes through parse_params.
 _EVENT_FIELDS = ("text", "format", "output")
-# Upper bound on seconds of audio per character of text, for refusing an oversized inline reply before
-# synthesis (see inline_size_bound): measured English speech with the default voice is about 0.06 s.
-SECONDS_PER_CHAR_BOUND = 0.1
 # Namespace of reply ids (uuid5 of the request's event key): any fixed UUID would do.
 _REPLY_IDS = uuid.UUID("5b0c2f0e-8a0b-4f57-9a43-3f4c4e6f1d2a")
 
@@ -205,17 +203,9 @@ def _json_data(raw: bytes | str | None) -> Any:
 
 
 def inline_size_bound(text: str, params: SynthesisParams, fmt: codecs.Format, sample_rate: int) -> int:
-    """An upper bound on the encoded size of an inline reply, from the text alone, before synthesis.
-
-    Audio length is bounded at SECONDS_PER_CHAR_BOUND per character at the requested pace (measured
-    English speech with the default voice is about 0.06 s per character at length_scale 1), encoded at
-    16-bit PCM's rate, which no supported format exceeds. Text that reads much longer than it is written
-    (long digit strings) can still pass this and be refused after synthesis.
-    """
-    pace = params.length_scale or 1.0
-    seconds = len(text) * SECONDS_PER_CHAR_BOUND * pace
-    rate = codecs.output_sample_rate(fmt, sample_rate)
-    return int(seconds * rate * 2) + 1024  # + container headers
+    """An upper bound on the encoded size of an inline reply, from the text alone, before synthesis."""
+    seconds = text_prep.spoken_seconds_bound(text, params.length_scale or 1.0)
+    return codecs.encoded_size_bound(seconds, fmt, sample_rate)
 
 
 async def complete(
