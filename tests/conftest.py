@@ -16,10 +16,10 @@ import httpx
 import pytest
 import yaml
 
+from testing.audio import ReferenceVoice
 from testing.ports import free_port
 from testing.predictor import PredictorProcess
 from testing.process import Child
-from testing.audio import ReferenceVoice
 from testing.s3 import (
     AWS_OVERRIDES,
     QUIET_VOICE_URI,
