@@ -121,5 +121,7 @@ def test_requests_queued_past_the_timeout_are_dropped(start_predictor):
     assert predictor.metric("tts_rejected_requests_total", reason="timeout") == len(dropped)
     # Dropped before they cost engine time: the engine ran (and counted) only the answered requests.
     answered = sum(r.status_code == 200 for r in results)
-    assert {name: predictor.metric(name) - before[name] for name in counters} == dict.fromkeys(counters, answered)
+    assert {name: predictor.metric(name) - before[name] for name in counters} == dict.fromkeys(
+        counters, answered
+    )
     assert predictor.metric("tts_queue_wait_seconds_count") >= 1

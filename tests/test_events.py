@@ -29,6 +29,7 @@ from testing.audio import check_encoded
 from testing.bodies import v2_request
 from testing.ports import free_port
 from testing.s3 import aws_env, s3_client
+from testing.s3_relay import S3Relay
 
 REQUEST_TYPE = "dev.tts-predictor.synthesize.v1"
 REPLY_TYPE = "dev.tts-predictor.synthesized.v1"
@@ -399,3 +400,60 @@ def test_two_replicas_racing_on_one_event_write_one_object(s3_env, s3):
     assert produced == [1, 1]
     assert first.data == second.data and first.data["sha256"] == audio.sha256
     assert len(versions(s3, target.uri)) == 1
+
+
+def test_two_replicas_racing_with_multipart_outputs_write_one_object_and_abort_the_other(
+    s3_env, s3, monkeypatch
+):
+    relay = S3Relay(s3_env)  # counts the parts, completions and aborts; spoils nothing
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+    replicas = [OutputStore(Settings(ce_output_part_size_mib=5)) for _ in range(2)]
+    target = parse_output_uri(fresh_output("pcm"))
+    audio = _audio(11 * 1024 * 1024)  # three parts each: 5 + 5 + 1 MiB
+
+    async def race() -> list:
+        both_looked = asyncio.Barrier(2)
+
+        async def produce() -> EncodedAudio:
+            await both_looked.wait()
+            return audio
+
+        return await asyncio.gather(*(r.complete(target, "m" * 64, "d", produce) for r in replicas))
+
+    try:
+        first, second = asyncio.run(race())
+    finally:
+        relay.close()
+
+    assert first.data == second.data and first.data["sha256"] == audio.sha256
+    assert len(versions(s3, target.uri)) == 1
+    assert hashlib.sha256(download(s3, target.uri)).hexdigest() == audio.sha256
+    assert len(relay.requests("PUT", "partNumber=")) == 6  # both uploaded every part
+    assert len(relay.requests("POST", "uploadId=")) == 2  # both tried to complete, one was refused
+    assert len(relay.requests("DELETE", "uploadId=")) == 1  # the loser's parts are aborted
+    assert not s3.list_multipart_uploads(Bucket=BUCKET, Prefix=target.key).get("Uploads")
+
+
+def test_a_failed_multipart_upload_is_aborted_and_leaves_nothing(s3_env, s3, monkeypatch):
+    relay = S3Relay(s3_env)
+    relay.fail(lambda method, path: method == "PUT" and "partNumber=2" in path, status=403)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+    store = OutputStore(Settings(ce_output_part_size_mib=5))
+    target = parse_output_uri(fresh_output("pcm"))
+    calls: list[int] = []
+
+    try:
+        with pytest.raises(OutputError) as raised:
+            asyncio.run(
+                store.complete(target, "a" * 64, "d", lambda: _produce_once(_audio(11 * 2**20), calls))
+            )
+    finally:
+        relay.close()
+
+    assert raised.value.http_status == 502 and "AccessDenied" in raised.value.message
+    assert calls == [1]
+    parts = [(s.path.rsplit("partNumber=", 1)[1], s.spoiled) for s in relay.requests("PUT", "partNumber=")]
+    assert parts == [("1", False), ("2", True)]  # the upload stopped at the failed part
+    assert len(relay.requests("DELETE", "uploadId=")) == 1
+    assert not s3.list_multipart_uploads(Bucket=BUCKET, Prefix=target.key).get("Uploads")
+    assert versions(s3, target.uri) == []
