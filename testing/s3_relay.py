@@ -5,10 +5,15 @@ read whole (``Expect: 100-continue`` included, as botocore sends for uploads) an
 upstream on a fresh connection, unless a rule claims it: then the client gets the rule's S3 error
 and the upstream never sees the request. Every request line is recorded, in order, with whether it
 was spoiled, so a test can count attempts, parts and aborts.
+
+``one_at_a_time`` forwards the requests it matches one after another. moto checks a conditional write
+(``If-None-Match: *``) and then writes without a lock, so two completions racing on one key can both
+pass; S3 decides them atomically. Serializing them here gives moto S3's behaviour.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import threading
 from collections.abc import Callable
@@ -46,8 +51,10 @@ class Rule:
 class S3Relay:
     """The relay on a free loopback port; ``url`` is the endpoint to give boto3 instead of upstream's."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, one_at_a_time: Callable[[str, str], bool] | None = None) -> None:
         parts = urlsplit(upstream)
+        self._one_at_a_time = one_at_a_time
+        self._serial = threading.Lock()
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.rules: list[Rule] = []
         self.seen: list[Seen] = []
@@ -108,6 +115,11 @@ class S3Relay:
             if h.command != "HEAD":
                 h.wfile.write(error)
             return
+        serial = self._one_at_a_time is not None and self._one_at_a_time(h.command, h.path)
+        with self._serial if serial else contextlib.nullcontext():
+            self._forward(h, body)
+
+    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
         upstream = http.client.HTTPConnection(*self._upstream, timeout=60)
         try:
             headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
