@@ -40,6 +40,7 @@ from testing.ports import free_port
 from testing.predictor import run_cli
 from testing.process import Child
 from testing.s3 import aws_env, s3_client
+from testing.s3_relay import S3Relay
 
 SR = 22050
 
@@ -181,6 +182,69 @@ def test_full_queue_drops_records_instead_of_slowing_the_request():
 
     assert elapsed < 0.5
     assert dropped._value.get() - before >= 40  # one in the sink, two queued, the rest dropped
+
+
+SHADOW_BUCKET = "shadow-sink-retries"
+
+
+@pytest.fixture
+def shadow_relay(s3_env, monkeypatch):
+    """A relay in front of moto that the S3 sink writes through (it can fail the sink's PUTs)."""
+    from testing.s3 import s3_client
+
+    s3_client(s3_env).create_bucket(Bucket=SHADOW_BUCKET)
+    relay = S3Relay(s3_env)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+    yield relay
+    relay.close()
+
+
+def _write_one_batch_through(relay, prefix: str, records: int) -> dict[str, float]:
+    """Records through a Recorder into the S3 sink at ``prefix``; the written/lost counter increments."""
+    from predictor.shadow.sinks import S3Sink
+
+    counters = {o: metrics.SHADOW_RECORDS.labels(o) for o in ("written", "lost")}
+    before = {o: c._value.get() for o, c in counters.items()}
+    recorder = recording.Recorder(
+        S3Sink(SHADOW_BUCKET, prefix, "rev"),
+        "rev",
+        batch_records=records,
+        flush_s=60,
+        queue_size=10,
+        backoff_s=0.01,
+    )
+    for i in range(records):
+        recorder.submit(f"id{i}", "/v2/models/{model_name}/infer", 200, 0.1, None)
+    recorder.close()
+    return {o: c._value.get() - before[o] for o, c in counters.items()}
+
+
+def test_s3_sink_retries_a_failed_batch_and_writes_it_once(shadow_relay, s3_env):
+    from testing.s3 import s3_client
+
+    shadow_relay.fail(lambda method, path: method == "PUT" and "/retried/" in path, status=500, times=2)
+
+    moved = _write_one_batch_through(shadow_relay, "retried", records=3)
+
+    puts = shadow_relay.requests("PUT", "/retried/")
+    assert [p.spoiled for p in puts] == [True, True, False]  # two failures, then the write
+    assert moved == {"written": 3, "lost": 0}
+    client = s3_client(s3_env)
+    (stored,) = client.list_objects_v2(Bucket=SHADOW_BUCKET, Prefix="retried/")["Contents"]
+    body = client.get_object(Bucket=SHADOW_BUCKET, Key=stored["Key"])["Body"].read()
+    assert [json.loads(line)["id"] for line in body.splitlines()] == ["id0", "id1", "id2"]
+
+
+def test_s3_sink_that_keeps_failing_counts_the_batch_lost_after_three_retries(shadow_relay, s3_env):
+    from testing.s3 import s3_client
+
+    shadow_relay.fail(lambda method, path: method == "PUT" and "/lost/" in path, status=503)
+
+    moved = _write_one_batch_through(shadow_relay, "lost", records=4)
+
+    assert len(shadow_relay.requests("PUT", "/lost/")) == 4  # the first try and three retries
+    assert moved == {"written": 0, "lost": 4}
+    assert "Contents" not in s3_client(s3_env).list_objects_v2(Bucket=SHADOW_BUCKET, Prefix="lost/")
 
 
 def test_revision_comes_from_revision_then_knatives_k_revision_then_local():
