@@ -150,6 +150,25 @@ def predictor(start_predictor: Callable[..., PredictorProcess]) -> PredictorProc
 
 
 @pytest.fixture(scope="session")
+def plain_predictor(
+    start_predictor: Callable[..., PredictorProcess], tmp_path_factory: pytest.TempPathFactory
+) -> PredictorProcess:
+    """A warm predictor with the settings no other one in the suite sets: LOG_FORMAT=text, SHADOW_SINK=
+    a directory (``.shadow_dir``), MAX_BATCH_ITEMS=2. One process for the three spares CI's two cores a
+    cold start per setting; each setting's test checks only its own behaviour."""
+    shadow_dir = tmp_path_factory.mktemp("shadow-dir")
+    p = start_predictor(
+        LOG_FORMAT="text",
+        SHADOW_SINK=str(shadow_dir),
+        SHADOW_FLUSH_S="0.2",
+        MAX_BATCH_ITEMS="2",
+        REVISION="rev-dir",
+    )
+    p.shadow_dir = shadow_dir  # type: ignore[attr-defined]
+    return p
+
+
+@pytest.fixture(scope="session")
 def reference(voice_dir: Path) -> ReferenceVoice:
     """The packaged voice on an in-process engine: what served audio is compared with (testing/audio.py)."""
     return ReferenceVoice(voice_dir)

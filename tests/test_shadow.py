@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -245,6 +246,73 @@ def test_s3_sink_that_keeps_failing_counts_the_batch_lost_after_three_retries(sh
     assert len(shadow_relay.requests("PUT", "/lost/")) == 4  # the first try and three retries
     assert moved == {"written": 0, "lost": 4}
     assert "Contents" not in s3_client(s3_env).list_objects_v2(Bucket=SHADOW_BUCKET, Prefix="lost/")
+
+
+def _dir_records(directory: Path) -> dict[str, dict]:
+    records = {}
+    for path in directory.glob("*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            record = json.loads(line)
+            records[record["id"]] = record
+    return records
+
+
+def test_directory_sink_writes_whole_batches_named_by_time_and_revision(plain_predictor):
+    ids = [f"dir-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+
+    for request_id in ids:
+        r = plain_predictor.post(
+            "/v2/models/tts/infer",
+            json=v2_request("Into the directory."),
+            headers={"x-request-id": request_id},
+        )
+        assert r.status_code == 200
+    records = wait_until(
+        lambda: (found := _dir_records(plain_predictor.shadow_dir)) and set(ids) <= set(found) and found,
+        30,
+        0.1,
+        "both records in the directory",
+    )
+
+    assert all(records[i]["revision"] == "rev-dir" and records[i]["status"] == 200 for i in ids)
+    names = [p.name for p in plain_predictor.shadow_dir.iterdir()]
+    assert names and all(
+        re.fullmatch(r"\d{8}T\d{6}\.\d{6}Z-rev-dir-[0-9a-f]{12}\.jsonl", n) for n in names
+    ), names
+
+
+BAD_IDS = {
+    "longer than 200 characters": "x" * 201,
+    "not ASCII": "caf\u00e9-42".encode(),
+    "with a space": "two words",
+}
+
+
+@pytest.mark.parametrize("incoming", BAD_IDS.values(), ids=BAD_IDS.keys())
+def test_a_bad_incoming_request_id_is_replaced_by_a_fresh_uuid4_in_header_and_record(
+    plain_predictor, incoming
+):
+    r = plain_predictor.post(
+        "/v2/models/tts/infer", json=v2_request("Clean my id."), headers={"x-request-id": incoming}
+    )
+
+    assert r.status_code == 200
+    fresh = r.headers["x-request-id"]
+    assert uuid.UUID(fresh).version == 4
+    record = wait_until(lambda: _dir_records(plain_predictor.shadow_dir).get(fresh), 30, 0.1, "the record")
+    assert record["status"] == 200
+    sent = incoming.decode() if isinstance(incoming, bytes) else incoming
+    assert sent not in plain_predictor.logs(), "the bad id reached the log"
+
+
+def test_a_bad_request_id_over_grpc_is_replaced_too(plain_predictor):
+    with grpc.insecure_channel(plain_predictor.grpc) as channel:
+        stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
+        _, call = stub.ServerLive.with_call(
+            pb.ServerLiveRequest(), metadata=(("x-request-id", "y" * 201),), timeout=10
+        )
+
+    assert uuid.UUID(dict(call.initial_metadata())["x-request-id"]).version == 4
 
 
 def test_revision_comes_from_revision_then_knatives_k_revision_then_local():
