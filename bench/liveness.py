@@ -30,7 +30,7 @@ from testing.bodies import v2_request
 
 IDLE_N = 100
 PROBE_EVERY_S = 0.02
-LONG_TEXT = " ".join([SENTENCE] * 40)  # tens of seconds of engine time on a CPU
+LONG_TEXT = " ".join([SENTENCE] * 12)  # over a minute of engine time on a loaded 2-core CPU
 GOAL_MS = 50.0  # a kubelet probe times out after 1 s by default; 50 ms leaves it far from that
 
 

@@ -73,7 +73,7 @@ def test_liveness_answers_during_a_long_synthesis(predictor):
     worker.join()
 
     assert len(latencies) >= 5
-    # Generous bound for a loaded 2-core CI machine; the 50 ms figure is measured by `make bench`.
+    # Generous bound for a loaded 2-core CI machine; the figures are measured by `python -m bench liveness`.
     assert max(latencies) < 1.0, latencies
 
 
