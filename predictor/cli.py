@@ -351,12 +351,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[command](args)
     except ConfigError as exc:
-        print(f"tts-predictor: {exc}", file=sys.stderr)
+        _fatal(command, f"tts-predictor: {exc}")
         return 2
     except Exception as exc:
         from predictor.errors import PredictorError
 
         if isinstance(exc, PredictorError):
-            print(f"tts-predictor {command}: {exc}", file=sys.stderr)
+            _fatal(command, f"tts-predictor {command}: {exc}")
             return 1
         raise
+
+
+def _fatal(command: str, message: str) -> None:
+    """The last words of a failed command: through the log when serving (so LOG_FORMAT=json stays one
+    JSON object per line for log collectors), plainly on stderr for the one-shot commands."""
+    if command == "serve":
+        log.critical(message)
+    else:
+        print(message, file=sys.stderr)

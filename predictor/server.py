@@ -335,6 +335,11 @@ async def run(settings: Settings, cold_start: Future) -> bool:
         for task in done:
             error = task.exception() if task is not stopping else None
             if error is not None:
+                if grpc_server:
+                    # Stopped here, on the running loop: left to the garbage collector, grpc's
+                    # Server.__del__ runs after the loop closed and prints a traceback outside the log.
+                    with contextlib.suppress(Exception, asyncio.CancelledError):
+                        await grpc_server.stop(grace_s=0)
                 for other in pending:
                     other.cancel()
                 raise error
