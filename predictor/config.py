@@ -47,6 +47,20 @@ class Settings(BaseSettings):
     fetch_backoff_s: float = Field(
         0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry."
     )
+    s3_read_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=600,
+        description="Seconds an S3 connection may stay silent before it counts as dropped (fetch: the part "
+        "is retried from where it stopped; event outputs: 503; shadow sink: retried, then lost).",
+    )
+    fetch_recovery_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds between whole fetches once the retries are spent: the model stays not ready "
+        "and the fetch starts again (resuming what is on disk) until storage answers, without a restart.",
+    )
 
     # --- engine ---
     engine: Literal["torch", "onnx"] = Field(

@@ -47,7 +47,9 @@ class Faults:
 
 
 class _Connection:
-    def __init__(self, proxy: FaultProxy, client: socket.socket, server: socket.socket, reset_after: int | None):
+    def __init__(
+        self, proxy: FaultProxy, client: socket.socket, server: socket.socket, reset_after: int | None
+    ):
         self.proxy = proxy
         self.client = client
         self.server = server

@@ -18,6 +18,12 @@ FETCH_BYTES = Counter("tts_fetch_bytes", "Bytes of model artifact downloaded int
 FETCH_FILES = Counter(
     "tts_fetch_files", "Artifact files by outcome (downloaded, or skipped as already verified).", ["outcome"]
 )
+COLD_START_FAILURES = Counter(
+    "tts_cold_start_failures",
+    "Whole artifact fetches that failed at cold start, by reason (unreachable, not_found, integrity, "
+    "model_dir, unsafe_path, storage); the model stays not ready and the fetch is tried again.",
+    ["reason"],
+)
 READY = Gauge("tts_model_ready", "1 once the model is loaded and warm, 0 before and while draining.")
 
 REQUESTS = Counter("tts_requests", "Requests handled, by route template and status code.", ["route", "code"])
