@@ -113,6 +113,12 @@ class Settings(BaseSettings):
     max_queue: int = Field(
         32, ge=1, description="Requests waiting for the engine; one more is refused at once (503)."
     )
+    memory_trim: bool = Field(
+        True,
+        description="When the last request in flight is answered, give the heap memory it freed back to "
+        "the kernel (glibc malloc_trim), so resident memory returns to its idle size instead of staying "
+        "at its peak.",
+    )
     request_timeout_s: float = Field(
         30.0, gt=0, description="A request still queued after this long is dropped (503), seconds."
     )
