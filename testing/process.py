@@ -45,17 +45,21 @@ class Child:
         env: Mapping[str, str],
         log_path: Path | None,
         cwd: Path = REPO,
+        user: int | None = None,
     ) -> None:
+        """``user``: run as this uid (and gid, no supplementary groups), as a pod's runAsUser does;
+        needs root. The log file is opened here, so the child needs no right to write it."""
         self.name = name
         self.log_path = log_path
         self.started = time.perf_counter()
+        as_user = {} if user is None else {"user": user, "group": user, "extra_groups": []}
         if log_path is None:
-            self.proc = subprocess.Popen(argv, env=dict(env), cwd=cwd)
+            self.proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, **as_user)  # type: ignore[call-overload]
         else:
             # The child holds its own descriptor; ours is not needed once it has started.
             with open(log_path, "wb") as log:
-                self.proc = subprocess.Popen(
-                    argv, env=dict(env), stdout=log, stderr=subprocess.STDOUT, cwd=cwd
+                self.proc = subprocess.Popen(  # type: ignore[call-overload]
+                    argv, env=dict(env), stdout=log, stderr=subprocess.STDOUT, cwd=cwd, **as_user
                 )
 
     def alive(self) -> bool:

@@ -11,9 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
+import statistics
 import subprocess
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,8 +30,11 @@ from predictor.artifact.download import journal_path, partial_path
 from predictor.artifact.fetch import fetch
 from predictor.artifact.manifest import MANIFEST, Manifest
 from predictor.errors import IntegrityError, TransientStorageError
-from testing.faults import Faults, FaultProxy
+from testing.bodies import cloudevent_headers, speech_request, v2_request
+from testing.faults import FaultProxy, Faults
 from testing.polling import wait_until
+from testing.predictor import PredictorProcess
+from testing.s3 import aws_env, s3_client
 
 MiB = 1024 * 1024
 WEIGHTS = "model.safetensors"  # the torch engine's (the default's) big file
@@ -232,3 +239,194 @@ def test_model_dir_full_stays_not_ready_with_a_clear_reason_and_nothing_corrupt(
     for f in manifest.files:
         if (small_tmpfs / f.path).exists():
             assert hashlib.sha256((small_tmpfs / f.path).read_bytes()).hexdigest() == f.sha256
+
+
+# --- event outputs and shadow sinks --------------------------------------------------------------
+
+OUTPUTS = "fault-outputs"
+SENTENCE = "An event written while storage misbehaves."
+
+
+def _event(predictor, event_id: str, data: dict, timeout: float = 120):
+    return predictor.post(
+        "/v1/models/tts:predict",
+        headers=cloudevent_headers(event_id, source="/tests/faults"),
+        content=json.dumps(data),
+        timeout=timeout,
+    )
+
+
+def _objects(s3, prefix: str) -> list[str]:
+    return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=OUTPUTS, Prefix=prefix).get("Contents", []))
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [Faults(reset_after=32 * 1024), Faults(stall_after=32 * 1024), Faults(refuse=True)],
+    ids=["reset mid-upload", "stall mid-upload", "refused"],
+)
+def test_event_output_under_a_fault_is_503_leaves_nothing_and_its_redelivery_writes_one_object(
+    start_predictor, proxy: FaultProxy, s3_server: str, fault: Faults
+):
+    predictor = start_predictor(AWS_ENDPOINT_URL=proxy.endpoint, ENGINE="onnx", S3_READ_TIMEOUT_S="2")
+    s3 = s3_client(s3_server)  # straight to S3, past the proxy
+    s3.create_bucket(Bucket=OUTPUTS)
+    prefix = f"jobs-{uuid.uuid4().hex[:8]}/"
+    data = {"text": SENTENCE, "format": "wav", "output": f"s3://{OUTPUTS}/{prefix}out.wav"}
+    event_id = uuid.uuid4().hex
+
+    proxy.set(fault)
+    failed = _event(predictor, event_id, data)
+    proxy.clear()
+
+    # A retryable 5xx class: the broker redelivers (503: storage unreachable or timed out).
+    assert failed.status_code == 503, failed.text
+    assert "retry later" in failed.json()["error"]
+    assert _objects(s3, prefix) == []  # no partial object, no completion record
+    again = _event(predictor, event_id, data)
+    assert again.status_code == 200, again.text
+    assert _objects(s3, prefix) == [f"{prefix}.tts-events/{_record_name(event_id)}", f"{prefix}out.wav"]
+    body = s3.get_object(Bucket=OUTPUTS, Key=f"{prefix}out.wav")["Body"].read()
+    assert hashlib.sha256(body).hexdigest() == again.json()["sha256"]
+
+
+def _record_name(event_id: str) -> str:
+    from predictor.events.outputs import event_key
+
+    return f"{event_key('/tests/faults', event_id)}.json"
+
+
+def test_sigkill_during_a_multipart_event_output_then_redelivery_leaves_exactly_one_object(
+    start_predictor, proxy: FaultProxy, s3_server: str, tmp_path: Path
+):
+    env = {"AWS_ENDPOINT_URL": proxy.endpoint, "ENGINE": "onnx", "CE_OUTPUT_PART_SIZE_MIB": "5"}
+    predictor = start_predictor(MAX_TEXT_CHARS="8000", **env)
+    s3 = s3_client(s3_server)
+    s3.create_bucket(Bucket=OUTPUTS)
+    prefix = f"multipart-{uuid.uuid4().hex[:8]}/"
+    # Over 5 MiB of 16-bit PCM at 22050 Hz (about two minutes): a multipart upload of two parts.
+    text = " ".join([SENTENCE, "It is long enough to need two parts of five mebibytes each."] * 14)
+    data = {"text": text, "format": "pcm", "length_scale": 1.6, "output": f"s3://{OUTPUTS}/{prefix}out.pcm"}
+    event_id = uuid.uuid4().hex
+    proxy.set(Faults(bytes_per_s=1 * MiB))  # a slow link: the upload takes seconds
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(_event, predictor, event_id, data, 300)
+        wait_until(
+            lambda: s3.list_multipart_uploads(Bucket=OUTPUTS, Prefix=prefix).get("Uploads"),
+            300,
+            what="the multipart upload under way",
+        )
+        _kill_container(predictor.proc.pid)
+    predictor.proc.wait(10)
+    assert _objects(s3, prefix) == []  # parts uploaded so far are invisible
+
+    proxy.clear()
+    restarted = start_predictor(MAX_TEXT_CHARS="8000", **env)
+    again = _event(restarted, event_id, data, timeout=300)
+
+    assert again.status_code == 200, again.text
+    assert _objects(s3, prefix) == [f"{prefix}.tts-events/{_record_name(event_id)}", f"{prefix}out.pcm"]
+    stored = s3.get_object(Bucket=OUTPUTS, Key=f"{prefix}out.pcm")
+    body = stored["Body"].read()
+    assert stored["ETag"].strip('"').endswith("-2")
+    assert len(body) == again.json()["bytes"] > 5 * MiB
+    assert hashlib.sha256(body).hexdigest() == again.json()["sha256"]
+
+
+def test_a_stalled_shadow_sink_leaves_request_latency_as_it_was(
+    start_predictor, proxy: FaultProxy, s3_server: str
+):
+    s3_client(s3_server).create_bucket(Bucket="shadow-faults")
+    predictor = start_predictor(
+        AWS_ENDPOINT_URL=proxy.endpoint,
+        ENGINE="onnx",
+        SHADOW_SINK="s3://shadow-faults/stable",
+        SHADOW_BATCH_RECORDS="1",
+        S3_READ_TIMEOUT_S="2",
+    )
+
+    def latency() -> float:
+        start = time.monotonic()
+        assert predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE)).status_code == 200
+        return time.monotonic() - start
+
+    baseline = statistics.median(latency() for _ in range(8))
+    proxy.set(stall_after=0)  # every connection to S3 hangs, the sink's included
+    stalled = statistics.median(latency() for _ in range(8))
+    predictor.wait_for(
+        lambda: predictor.metric("tts_shadow_records_total", outcome="lost") >= 1,
+        120,
+        "a batch given up on",
+    )
+    proxy.clear()
+
+    assert stalled <= 1.5 * baseline, (stalled, baseline)
+    written = predictor.metric("tts_shadow_records_total", outcome="written")
+    predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE))
+    predictor.wait_for(
+        lambda: predictor.metric("tts_shadow_records_total", outcome="written") > written,
+        60,
+        "records written again once S3 answers",
+    )
+
+
+# --- the server as the manifests run it -------------------------------------------------------------
+
+UID = 10001  # the image's user (Dockerfile USER, runAsUser in deploy/common/predictor)
+
+
+def test_server_as_uid_10001_writes_only_model_dir_and_tmp(
+    s3_server: str, published_voice: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    model_dir = Path(tempfile.mkdtemp(prefix="tts-uid-model-"))
+    os.chown(model_dir, UID, UID)
+    marker = time.time()
+    env = {
+        **aws_env(s3_server),
+        "STORAGE_URI": published_voice,
+        "MODEL_DIR": str(model_dir),
+        "HOME": "/tmp",  # as the manifests set it
+        "CPU_THREADS": "1",
+    }
+    # Coverage's subprocess hook (make test) would write its data into the repository, which this
+    # user may not: that write is the harness's, not the server's.
+    for name in [k for k in os.environ if k.startswith("COVERAGE")]:
+        monkeypatch.delenv(name)
+    predictor = PredictorProcess(env, tmp_path / "uid.log", user=UID)
+    try:
+        predictor.wait_ready()
+        assert predictor.post("/v2/models/tts/infer", json=v2_request(SENTENCE)).status_code == 200
+        assert predictor.post("/v1/audio/speech", json=speech_request(SENTENCE, "mp3")).status_code == 200
+        status = psutil.Process(predictor.proc.pid).uids()
+        assert status.real == status.effective == UID
+    finally:
+        predictor.stop()
+        shutil.rmtree(model_dir, ignore_errors=True)
+
+    found = subprocess.run(
+        [
+            "find",
+            "/",
+            "-xdev",
+            "(",
+            "-path",
+            "/proc",
+            "-o",
+            "-path",
+            str(model_dir),
+            ")",
+            "-prune",
+            "-o",
+            "-user",
+            str(UID),
+            "-newermt",
+            f"@{marker}",
+            "-print",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    outside = [p for p in found if not p.startswith("/tmp/") and p != "/tmp"]
+    assert outside == [], outside
