@@ -35,6 +35,19 @@ def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     return {**base, **extra}
 
 
+def as_user(uid: int, argv: list[str]) -> list[str]:
+    """``argv`` run as ``uid`` (gid the same, no supplementary groups) through util-linux's setpriv.
+
+    It keeps one capability, CAP_DAC_READ_SEARCH: reading and traversing past permissions, so the
+    interpreter and venv of a developer machine (under a private /root here) can be read as an image's
+    are. Writing is untouched by it: the process may write only where ``uid`` may, which is what the
+    tests of an unprivileged server check.
+    """
+    caps = "+dac_read_search"
+    ids = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    return ["setpriv", *ids, f"--inh-caps={caps}", f"--ambient-caps={caps}", *argv]
+
+
 class Child:
     """A child process whose stdout and stderr go to ``log_path`` (or to this terminal when None)."""
 
@@ -47,19 +60,20 @@ class Child:
         cwd: Path = REPO,
         user: int | None = None,
     ) -> None:
-        """``user``: run as this uid (and gid, no supplementary groups), as a pod's runAsUser does;
-        needs root. The log file is opened here, so the child needs no right to write it."""
+        """``user``: run as this uid and gid, no supplementary groups, as a pod's runAsUser does (needs
+        root; see ``as_user``). The log file is opened here, so the child needs no right to write it."""
         self.name = name
         self.log_path = log_path
         self.started = time.perf_counter()
-        as_user = {} if user is None else {"user": user, "group": user, "extra_groups": []}
+        if user is not None:
+            argv = as_user(user, argv)
         if log_path is None:
-            self.proc = subprocess.Popen(argv, env=dict(env), cwd=cwd, **as_user)  # type: ignore[call-overload]
+            self.proc = subprocess.Popen(argv, env=dict(env), cwd=cwd)
         else:
             # The child holds its own descriptor; ours is not needed once it has started.
             with open(log_path, "wb") as log:
-                self.proc = subprocess.Popen(  # type: ignore[call-overload]
-                    argv, env=dict(env), stdout=log, stderr=subprocess.STDOUT, cwd=cwd, **as_user
+                self.proc = subprocess.Popen(
+                    argv, env=dict(env), stdout=log, stderr=subprocess.STDOUT, cwd=cwd
                 )
 
     def alive(self) -> bool:
