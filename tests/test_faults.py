@@ -310,12 +310,25 @@ def test_sigkill_during_a_multipart_event_output_then_redelivery_leaves_exactly_
     event_id = uuid.uuid4().hex
     proxy.set(Faults(bytes_per_s=1 * MiB))  # a slow link: the upload takes seconds
 
+    def uploading() -> bool:
+        uploads = s3.list_multipart_uploads(Bucket=OUTPUTS).get("Uploads", [])
+        return any(u["Key"] == f"{prefix}out.pcm" for u in uploads)
+
     with ThreadPoolExecutor(1) as pool:
-        pool.submit(_event, predictor, event_id, data, 300)
+        reply = pool.submit(_event, predictor, event_id, data, 600)
+
+        def answered() -> str | None:
+            if not reply.done():
+                return predictor.exit_reason()
+            exc = reply.exception()
+            return f"the event was answered ({exc or reply.result().status_code})"
+
         wait_until(
-            lambda: s3.list_multipart_uploads(Bucket=OUTPUTS, Prefix=prefix).get("Uploads"),
-            300,
+            uploading,
+            600,
             what="the multipart upload under way",
+            give_up=answered,
+            details=predictor.log_tail,
         )
         _kill_container(predictor.proc.pid)
     predictor.proc.wait(10)
@@ -323,7 +336,7 @@ def test_sigkill_during_a_multipart_event_output_then_redelivery_leaves_exactly_
 
     proxy.clear()
     restarted = start_predictor(MAX_TEXT_CHARS="8000", **env)
-    again = _event(restarted, event_id, data, timeout=300)
+    again = _event(restarted, event_id, data, timeout=600)
 
     assert again.status_code == 200, again.text
     assert _objects(s3, prefix) == [f"{prefix}.tts-events/{_record_name(event_id)}", f"{prefix}out.pcm"]
