@@ -305,7 +305,7 @@ def test_sigkill_during_a_multipart_event_output_then_redelivery_leaves_exactly_
     s3.create_bucket(Bucket=OUTPUTS)
     prefix = f"multipart-{uuid.uuid4().hex[:8]}/"
     # Over 5 MiB of 16-bit PCM at 22050 Hz (about two minutes): a multipart upload of two parts.
-    text = " ".join([SENTENCE, "It is long enough to need two parts of five mebibytes each."] * 14)
+    text = " ".join([SENTENCE, "It is long enough to need two parts of five mebibytes each."] * 20)
     data = {"text": text, "format": "pcm", "length_scale": 1.6, "output": f"s3://{OUTPUTS}/{prefix}out.pcm"}
     event_id = uuid.uuid4().hex
     proxy.set(Faults(bytes_per_s=1 * MiB))  # a slow link: the upload takes seconds
