@@ -6,7 +6,7 @@ CACHE    := .cache
 S3_PORT  ?= 9000
 VOICE_URI ?= s3://voices/en_US-joe-medium
 
-.PHONY: install system-packages run test fuzz bench load lint image base-image image-sizes manifests validate clean
+.PHONY: install system-packages run test fuzz bench overload load lint image base-image image-sizes manifests validate clean
 
 install: $(VENV)/.installed
 
@@ -61,6 +61,10 @@ validate: install
 
 bench: install
 	$(BIN)/python -m bench
+
+# Five minutes at 4x capacity with maximum-size texts mixed in (tests/test_overload.py is the short one).
+overload: install
+	$(BIN)/python -m bench overload
 
 # Headless locust against a running server (`make run` elsewhere); CSV stats in bench/results/.
 # PYTHONPATH: the locustfile takes its request bodies from testing/, at the repository root.

@@ -1,4 +1,4 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|all]`: run the benchmarks, print a table, write JSON.
 
 Every figure is compared with a baseline measured in the same run on the same machine, so the ratios
 mean something on a laptop, in CI, or on a node; absolute numbers are printed alongside.
@@ -22,7 +22,18 @@ from types import FrameType
 
 from bench.common import REPO, Row, Session, SuiteResult, log
 
-SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow", "liveness", "image")
+SUITES = (
+    "coldstart",
+    "latency",
+    "engines",
+    "serving",
+    "fetch",
+    "events",
+    "shadow",
+    "liveness",
+    "image",
+    "overload",
+)
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
 
@@ -55,6 +66,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import liveness
 
         return liveness.run(session)
+    if name == "overload":
+        from bench import overload
+
+        return overload.run(session, duration_s=args.overload_s)
     if name == "shadow":
         from bench import shadow
 
@@ -191,6 +206,9 @@ def _machine() -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("suite", nargs="?", default="all", choices=(*SUITES, "all"))
+    parser.add_argument(
+        "--overload-s", type=float, default=300.0, help="overload suite: seconds of 4x load (default 300)"
+    )
     parser.add_argument("--fetch-mib", type=int, default=1024, help="fetch artifact size, MiB (default 1024)")
     parser.add_argument("--fetch-files", type=int, default=4, help="files in the fetch artifact (default 4)")
     parser.add_argument(

@@ -53,6 +53,20 @@ class Settings(BaseSettings):
     fetch_backoff_s: float = Field(
         0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry."
     )
+    s3_read_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=600,
+        description="Seconds an S3 connection may stay silent before it counts as dropped (fetch: the part "
+        "is retried from where it stopped; event outputs: 503; shadow sink: retried, then lost).",
+    )
+    fetch_recovery_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds between whole fetches once the retries are spent: the model stays not ready "
+        "and the fetch starts again (resuming what is on disk) until storage answers, without a restart.",
+    )
 
     # --- engine ---
     engine: Literal["torch", "onnx"] = Field(
@@ -104,6 +118,12 @@ class Settings(BaseSettings):
     )
     max_queue: int = Field(
         32, ge=1, description="Requests waiting for the engine; one more is refused at once (503)."
+    )
+    memory_trim: bool = Field(
+        True,
+        description="When the last request in flight is answered, give the heap memory it freed back to "
+        "the kernel (glibc malloc_trim), so resident memory returns to its idle size instead of staying "
+        "at its peak.",
     )
     request_timeout_s: float = Field(
         30.0, gt=0, description="A request still queued after this long is dropped (503), seconds."

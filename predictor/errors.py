@@ -69,27 +69,44 @@ class NotReady(PredictorError):
 
 
 class StorageError(PredictorError):
-    """Fetching the artifact failed."""
+    """Fetching the artifact failed.
+
+    ``reason`` is the bounded label of `tts_cold_start_failures_total`: why a pod is not ready.
+    """
 
     retryable = False
+    reason = "storage"
 
 
 class TransientStorageError(StorageError):
     """A failure a retry can fix: connection dropped, 5xx, throttling."""
 
     retryable = True
+    reason = "unreachable"
 
 
 class ArtifactNotFound(StorageError):
     """The manifest or an object it names does not exist."""
 
+    reason = "not_found"
+
 
 class IntegrityError(StorageError):
     """A file's size or sha256 differs from the manifest."""
 
+    reason = "integrity"
+
 
 class UnsafePath(StorageError):
     """A manifest entry would land outside MODEL_DIR."""
+
+    reason = "unsafe_path"
+
+
+class ModelDirError(StorageError):
+    """MODEL_DIR cannot take the artifact: full, read-only, or not ours to write."""
+
+    reason = "model_dir"
 
 
 class ReplyTooLarge(BadRequest):

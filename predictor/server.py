@@ -53,6 +53,7 @@ from predictor.config import ConfigError, Settings
 from predictor.errors import PredictorError, StorageError
 from predictor.events.outputs import OutputStore
 from predictor.observability import metrics, tracing
+from predictor.serving import coldstart
 from predictor.serving.coldstart import ColdStart, process_age_s
 from predictor.serving.interceptor import GrpcInterceptor
 from predictor.serving.middleware import Limits, RequestMiddleware
@@ -276,7 +277,7 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
 # --- main ------------------------------------------------------------------------------------
 def _recorder(settings: Settings) -> records.Recorder | None:
     try:
-        sink = sinks.open_sink(settings.shadow_sink, settings.revision_name)
+        sink = sinks.open_sink(settings.shadow_sink, settings.revision_name, settings.s3_read_timeout_s)
     except (StorageError, OSError) as exc:  # OSError: a local directory that cannot be created
         raise ConfigError(f"invalid configuration: SHADOW_SINK: {exc}") from None
     if sink is None:
@@ -344,6 +345,7 @@ async def run(settings: Settings, cold_start: Future) -> bool:
                     other.cancel()
                 raise error
     log.info("draining", extra={"timeout_s": settings.drain_timeout_s})
+    coldstart.abandon()
     finished = await service.drain(settings.drain_timeout_s)
     warm.cancel()
     rest.stop(grace_s=1.0)

@@ -26,7 +26,7 @@ import numpy as np
 
 from predictor.engine.base import SynthesisParams
 from predictor.errors import Overloaded
-from predictor.observability import metrics
+from predictor.observability import memory, metrics
 
 log = logging.getLogger("predictor.batcher")
 
@@ -67,17 +67,29 @@ class Batcher:
         max_delay_s: float,
         max_queue: int,
         timeout_s: float,
+        trim_when_idle: bool = True,
     ):
         self._run_batch = run_batch
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
         self._max_queue = max_queue
         self._timeout_s = timeout_s
+        self._trim_when_idle = trim_when_idle
+        self._trim_due = False
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._job_seconds = 1.0  # moving average of engine time per call: sizes Retry-After
         self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
         self._thread.start()
+
+    def trim_when_idle(self) -> None:
+        """Every request has been answered: once its queue is empty, the engine thread gives the
+        memory they freed back to the kernel (observability/memory.py says why)."""
+        if not self._trim_when_idle:
+            return
+        with self._cond:
+            self._trim_due = True
+            self._cond.notify()
 
     def submit(self, texts: list[str], params: SynthesisParams) -> asyncio.Future:
         """Queue a request (called on the event loop).
@@ -146,6 +158,7 @@ class Batcher:
             for job in batch:
                 job.resolve(result=(audio[offset : offset + len(job.texts)], elapsed))
                 offset += len(job.texts)
+            del audio, batch  # this thread's references: an idle trim must find them freed
 
     def _next_batch(self) -> list[_Job]:
         with self._cond:
@@ -178,6 +191,16 @@ class Batcher:
         """The oldest live job; expired and abandoned ones are resolved or skipped on the way."""
         while True:
             while not self._queue:
+                if self._trim_due:
+                    self._trim_due = False
+                    # Outside the lock: a request arriving meanwhile is queued, and waits for the
+                    # trim (milliseconds) rather than for the lock.
+                    self._cond.release()
+                    try:
+                        memory.release()
+                    finally:
+                        self._cond.acquire()
+                    continue
                 self._cond.wait()
             job = self._queue.popleft()
             metrics.QUEUE_DEPTH.set(len(self._queue))

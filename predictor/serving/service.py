@@ -88,6 +88,7 @@ class TTSService:
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,
             timeout_s=settings.request_timeout_s,
+            trim_when_idle=settings.memory_trim,
         )
         self.engine = engine
         self._ready = True
@@ -137,6 +138,8 @@ class TTSService:
         finally:
             _ADMISSION.reset(token)
             self._admitted.discard(admission)
+            if self._batcher is not None and self._idle_now():
+                self._batcher.trim_when_idle()
             async with self._idle:
                 self._idle.notify_all()
 
