@@ -41,6 +41,7 @@ from opentelemetry import trace
 
 from predictor.api import speech, v1, v2
 from predictor.api.handlers import not_ready_response, predictor_error_response
+from predictor.api.stream_infer import StreamInferHandler
 from predictor.api.v2 import TTSModel
 from predictor.config import ConfigError, Settings
 from predictor.errors import NotReady, PredictorError, StorageError
@@ -130,6 +131,7 @@ class _GRPCServer:
         dataplane: DataPlane,
         extension: ModelRepositoryExtension,
         interceptor: GrpcInterceptor,
+        stream_infer: StreamInferHandler,
     ):
         self._port = port
         self._server = aio.server(
@@ -142,6 +144,8 @@ class _GRPCServer:
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
             InferenceServicer(dataplane, extension), self._server
         )
+        # Triton's ModelStreamInfer, which KServe's servicer lacks, on the same service name.
+        self._server.add_generic_rpc_handlers((stream_infer,))
         self._server.add_insecure_port(f"[::]:{port}")
 
     async def start(self) -> None:
@@ -197,6 +201,8 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
         "model ready",
         extra={
             "model": settings.model_name,
+            # ENGINE=auto is resolved at start; say which engine that made, and why it could.
+            "engine": f"{settings.engine_name} (ENGINE={settings.engine}, DEVICE={settings.device})",
             "artifact": f"{done.manifest.name}@{done.manifest.version}",
             "cold_start_s": round(total, 3),
             "phases_s": {p: round((t1 - t0) / 1e9, 3) for p, (t0, t1) in done.phases_ns.items()},
@@ -246,7 +252,11 @@ async def run(settings: Settings, cold_start: Future) -> None:
     grpc_server = None
     if settings.grpc_port:
         grpc_server = _GRPCServer(
-            settings.grpc_port, dataplane, extension, GrpcInterceptor(settings.revision_name, recorder)
+            settings.grpc_port,
+            dataplane,
+            extension,
+            GrpcInterceptor(settings.revision_name, recorder),
+            StreamInferHandler(service, settings.model_name),
         )
         servers.append(asyncio.create_task(grpc_server.start(), name="grpc"))
 

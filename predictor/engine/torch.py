@@ -107,7 +107,7 @@ class TorchEngine(PiperEngine):
                 z, _, _ = model.latent(
                     torch.tensor([ids], dtype=torch.long, device=device),
                     torch.tensor([len(ids)], dtype=torch.long, device=device),
-                    **self._scales(params),
+                    *self._scales(params),
                     generator=generator,
                 )
             plan = windows.plan(z.size(-1), sizes.first_frames, sizes.frames, self._context)
@@ -117,13 +117,14 @@ class TorchEngine(PiperEngine):
                     pcm = audio.clamp_(-1.0, 1.0).cpu().numpy()
                 yield pcm, k == len(sentences) - 1 and n == len(plan) - 1
 
-    def _scales(self, params: SynthesisParams) -> dict[str, float]:
+    def _scales(self, params: SynthesisParams) -> tuple[float, float, float]:
+        """(noise_scale, length_scale, noise_w): the request's, else the voice's own."""
         voice = self.voice
-        return {
-            "noise_scale": voice.noise_scale if params.noise_scale is None else params.noise_scale,
-            "length_scale": voice.length_scale if params.length_scale is None else params.length_scale,
-            "noise_w": voice.noise_w if params.noise_w is None else params.noise_w,
-        }
+        return (
+            voice.noise_scale if params.noise_scale is None else params.noise_scale,
+            voice.length_scale if params.length_scale is None else params.length_scale,
+            voice.noise_w if params.noise_w is None else params.noise_w,
+        )
 
     def _run(
         self, batch_ids: list[list[int]], positions: list[int], params: SynthesisParams
@@ -140,7 +141,7 @@ class TorchEngine(PiperEngine):
             generators = [torch.Generator(device=device).manual_seed(params.seed + k) for k in positions]
         with torch.inference_mode():
             result = self._model.infer(
-                ids.to(device), lengths.to(device), **self._scales(params), generator=generators
+                ids.to(device), lengths.to(device), *self._scales(params), generator=generators
             )
             audio = result.audio.float().clamp_(-1.0, 1.0).cpu().numpy()  # [B, S]
             n = result.audio_lengths.cpu().tolist()

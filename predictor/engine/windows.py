@@ -10,6 +10,7 @@ hyperparameters (vits.json), never assumed.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -71,6 +72,5 @@ def plan(n_frames: int, first_frames: int, window_frames: int, context: int) -> 
     if len(bounds) > 3 and bounds[-1] - bounds[-2] < window_frames // 2:
         del bounds[-2]
     return [
-        Window(a, b, max(0, a - context), min(n_frames, b + context))
-        for a, b in zip(bounds, bounds[1:], strict=False)
+        Window(a, b, max(0, a - context), min(n_frames, b + context)) for a, b in itertools.pairwise(bounds)
     ]
