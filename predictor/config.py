@@ -8,11 +8,13 @@ with a message naming the variable; nothing else in the package reads os.environ
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 # OpenAI's built-in speech voices; VOICE_ALIASES maps them by default, so OpenAI clients work unchanged.
 OPENAI_VOICES = (
@@ -321,3 +323,8 @@ def load_settings(**overrides: Any) -> Settings:
             var = str(err["loc"][0]).upper() if err["loc"] else "?"
             problems.append(f"{var}: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        # A list or dict variable that is not JSON fails before validation, naming the field.
+        field = re.search(r'field "([^"]+)"', str(exc))
+        var = field.group(1).upper() if field else "?"
+        raise ConfigError(f"invalid configuration: {var}: not valid JSON ({exc.__cause__})") from None
