@@ -1,4 +1,7 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|streaming|all]`: run the benchmarks, print a table, write JSON.
+
+`python -m bench gpu [--device cpu --small --no-compile]` is separate (bench/gpu.py): it needs a GPU,
+or runs as a CPU dry run.
 
 Every figure is compared with a baseline measured in the same run on the same machine, so the ratios
 mean something on a laptop, in CI, or on a node; absolute numbers are printed alongside.
@@ -22,7 +25,7 @@ from types import FrameType
 
 from bench.common import REPO, Row, Session, SuiteResult, log
 
-SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow")
+SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow", "streaming")
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
 
@@ -51,6 +54,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import shadow
 
         return shadow.run(session, n=args.shadow_n)
+    if name == "streaming":
+        from bench import streaming
+
+        return streaming.run(session)
     from bench import fetch
 
     return fetch.run(
@@ -181,6 +188,11 @@ def _machine() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gpu"]:
+        from bench import gpu
+
+        return gpu.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("suite", nargs="?", default="all", choices=(*SUITES, "all"))
     parser.add_argument("--fetch-mib", type=int, default=1024, help="fetch artifact size, MiB (default 1024)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import itertools
 import json
 import queue
 import threading
@@ -92,14 +93,16 @@ def test_onnx_windows_join_into_the_whole_decode(onnx_engine, first, size):
 def test_context_shorter_than_the_receptive_field_breaks_the_join(torch_engine):
     model = torch_engine._model
     voice = torch_engine.voice
-    ids = list(phonemes.sentence_ids(SENTENCES[4], voice.espeak_voice, voice.phoneme_id_map))[0]
+    ids = next(iter(phonemes.sentence_ids(SENTENCES[4], voice.espeak_voice, voice.phoneme_id_map)))
     z, _, _ = model.latent(torch.tensor([ids]), torch.tensor([len(ids)]), 0.667, 1.0, 0.8)
     whole = model.decode(z)[0]
     hop = model.config.hop_length
 
     def joined(context: int) -> torch.Tensor:
         plan = windows.plan(z.size(-1), 5, 20, context)
-        return torch.cat([model.decode(z[:, :, w.context_start : w.context_end])[0, w.keep(hop)] for w in plan])
+        return torch.cat(
+            [model.decode(z[:, :, w.context_start : w.context_end])[0, w.keep(hop)] for w in plan]
+        )
 
     context = windows.decoder_context_frames(model.config)
     assert float((joined(context) - whole).abs().max()) <= 1e-4
@@ -109,7 +112,10 @@ def test_context_shorter_than_the_receptive_field_breaks_the_join(torch_engine):
 def test_receptive_field_follows_the_voice_config(voice_dir):
     config = VitsConfig.from_dict(json.loads((voice_dir / "vits.json").read_text()))
     wider = VitsConfig.from_dict(
-        {**config.to_dict(), "resblock_dilation_sizes": [[d * 4 for d in ds] for ds in config.resblock_dilation_sizes]}
+        {
+            **config.to_dict(),
+            "resblock_dilation_sizes": [[d * 4 for d in ds] for ds in config.resblock_dilation_sizes],
+        }
     )
 
     assert 8 <= windows.decoder_context_frames(config) <= 20
@@ -120,7 +126,7 @@ def test_window_plan_covers_every_frame_once():
     for n in range(1, 400, 7):
         plan = windows.plan(n, 24, 50, 13)
         assert plan[0].start == 0 and plan[-1].end == n
-        assert all(a.end == b.start for a, b in zip(plan, plan[1:], strict=False))
+        assert all(a.end == b.start for a, b in itertools.pairwise(plan))
         assert plan[0].end - plan[0].start == min(24, n)  # the first window is never merged away
         assert all(0 <= w.context_start <= w.start < w.end <= w.context_end <= n for w in plan)
 
@@ -161,7 +167,12 @@ def test_a_stream_stops_at_the_next_window_when_its_caller_goes_away():
 
     async def scenario() -> None:
         batcher = Batcher(
-            lambda texts, params: [], run_stream=run_stream, max_batch_size=1, max_delay_s=0, max_queue=4, timeout_s=30
+            lambda texts, params: [],
+            run_stream=run_stream,
+            max_batch_size=1,
+            max_delay_s=0,
+            max_queue=4,
+            timeout_s=30,
         )
         got: asyncio.Queue = asyncio.Queue()
         future = batcher.submit(["text"], SynthesisParams(), on_piece=lambda a, last: got.put_nowait(last))
@@ -176,8 +187,8 @@ def test_a_stream_stops_at_the_next_window_when_its_caller_goes_away():
 # --- over the wire --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def streaming_predictor(start_predictor):
-    """ENGINE left at its default (auto: onnx on CPU)."""
-    return start_predictor()
+    """ENGINE at its default, auto: onnx on CPU."""
+    return start_predictor(ENGINE="auto")
 
 
 def test_auto_engine_is_named_in_metadata_and_startup_log(streaming_predictor):
@@ -211,13 +222,19 @@ def test_openai_client_with_alloy_and_sse(streaming_predictor):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=streaming_predictor.url + "/v1", api_key="not-needed")
 
-    reply = client.audio.speech.create(model="tts-1", voice="alloy", input="Hello, alloy.", response_format="wav")
+    reply = client.audio.speech.create(
+        model="tts-1", voice="alloy", input="Hello, alloy.", response_format="wav"
+    )
     audio, rate = soundfile.read(io.BytesIO(reply.content), dtype="float32")
     assert rate == 22050 and len(audio) > rate // 2
 
     events = []
     with client.audio.speech.with_streaming_response.create(
-        model="gpt-4o-mini-tts", voice="alloy", input=LONG_SENTENCE, response_format="pcm", stream_format="sse"
+        model="gpt-4o-mini-tts",
+        voice="alloy",
+        input=LONG_SENTENCE,
+        response_format="pcm",
+        stream_format="sse",
     ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
@@ -232,15 +249,15 @@ def test_openai_client_with_alloy_and_sse(streaming_predictor):
 
 
 def _triton_stream(predictor, requests: list[tuple[str, list, dict]]) -> list:
-    """Send (request id, inputs, parameters) on one stream; collect (result, error) until each
-    request has its final response or error."""
+    """Send (request id, inputs, async_stream_infer keywords) on one stream; collect (result, error)
+    until each request has its final response or error."""
     results: queue.Queue = queue.Queue()
     client = triton_grpc.InferenceServerClient(predictor.grpc)
     client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
     try:
         got = []
-        for request_id, inputs, parameters in requests:
-            client.async_stream_infer("tts", inputs, request_id=request_id, parameters=parameters or None)
+        for request_id, inputs, options in requests:
+            client.async_stream_infer("tts", inputs, request_id=request_id, **options)
             while True:
                 result, error = results.get(timeout=120)
                 got.append((request_id, result, error))
@@ -280,7 +297,7 @@ def test_triton_stream_answers_a_malformed_request_with_an_error_and_stays_open(
         streaming_predictor,
         [
             ("bad", _text_input("Hello.", name="words"), {}),
-            ("good", _text_input("Still here after the error."), {"triton_enable_empty_final_response": True}),
+            ("good", _text_input("Still here after the error."), {"enable_empty_final_response": True}),
         ],
     )
 
