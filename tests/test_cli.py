@@ -48,9 +48,10 @@ def test_fetch_for_one_engine_skips_the_other_engines_weights(s3_server, tmp_pat
     fetched = cli("fetch", "s3://cli-voices/joe-onnx", str(tmp_path / "model"), "--engine", "onnx", env=env)
 
     assert fetched.returncode == 0, fetched.stderr
-    assert "3 downloaded" in fetched.stdout
-    assert (tmp_path / "model" / "model.onnx").exists()
+    assert "5 downloaded" in fetched.stdout  # config, card, vits.json and the graph's two parts
+    assert (tmp_path / "model" / "encoder.onnx").exists() and (tmp_path / "model" / "decoder.onnx").exists()
     assert not (tmp_path / "model" / "model.safetensors").exists()
+    assert not (tmp_path / "model" / "model.onnx").exists()  # Piper's whole graph: no engine of ours reads it
 
 
 def test_fetch_of_missing_artifact_fails_with_reason(s3_server, tmp_path):
