@@ -1,4 +1,7 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|streaming|all]`: run the benchmarks, print a table, write JSON.
+
+`python -m bench gpu [--device cpu --small --no-compile]` is separate (bench/gpu.py): it needs a GPU,
+or runs as a CPU dry run.
 
 Every figure is compared with a baseline measured in the same run on the same machine, so the ratios
 mean something on a laptop, in CI, or on a node; absolute numbers are printed alongside.
@@ -33,6 +36,7 @@ SUITES = (
     "liveness",
     "image",
     "overload",
+    "streaming",
 )
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
@@ -74,6 +78,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import shadow
 
         return shadow.run(session, n=args.shadow_n)
+    if name == "streaming":
+        from bench import streaming
+
+        return streaming.run(session)
     from bench import fetch
 
     return fetch.run(
@@ -204,6 +212,11 @@ def _machine() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gpu"]:
+        from bench import gpu
+
+        return gpu.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("suite", nargs="?", default="all", choices=(*SUITES, "all"))
     parser.add_argument(

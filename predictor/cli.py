@@ -104,7 +104,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
                 args.storage_uri,
                 model_dir,
                 **fetching.FetchOptions.from_settings(settings).as_kwargs(),
-                engine=settings.engine,
+                engine=settings.engine_name,
             )
         elif not args.model_dir:
             from predictor.artifact import publish
@@ -278,7 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--model-dir", help="an artifact dir (default: the packaged voice)")
     p.add_argument("--storage-uri", help="fetch the artifact from here first")
-    p.add_argument("--engine", choices=["torch", "onnx"], help="default: ENGINE, else torch")
+    p.add_argument(
+        "--engine", choices=["torch", "onnx"], help="default: ENGINE (auto: onnx on CPU, torch on CUDA)"
+    )
     p.add_argument("--length-scale", type=float)
     p.add_argument("--noise-scale", type=float)
     p.add_argument("--noise-w", type=float)

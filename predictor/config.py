@@ -8,11 +8,30 @@ with a message naming the variable; nothing else in the package reads os.environ
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+
+# OpenAI's built-in speech voices; VOICE_ALIASES maps them by default, so OpenAI clients work unchanged.
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
 
 
 class ConfigError(Exception):
@@ -69,8 +88,10 @@ class Settings(BaseSettings):
     )
 
     # --- engine ---
-    engine: Literal["torch", "onnx"] = Field(
-        "torch", description="torch: our native PyTorch VITS; onnx: onnxruntime on the exported graph."
+    engine: Literal["auto", "torch", "onnx"] = Field(
+        "auto",
+        description="torch: our native PyTorch VITS; onnx: onnxruntime on Piper's graph; auto: the one "
+        "measured fastest on DEVICE (onnx on CPU, torch on CUDA or when DTYPE/COMPILE ask for torch).",
     )
     device: str = Field("cpu", description="cpu, cuda or cuda:N (CUDA_VISIBLE_DEVICES is honoured).")
     dtype: Literal["fp32", "bf16", "fp16"] = Field(
@@ -104,6 +125,32 @@ class Settings(BaseSettings):
         300, ge=20, le=5000, description="Longest segment the speech route cuts a text into, characters."
     )
     crossfade_ms: float = Field(50.0, ge=0, le=500, description="Overlap between consecutive segments, ms.")
+    # --- streaming: the decoder runs over latent-frame windows (hop_length samples per frame, 11.6 ms
+    # for a 22,050 Hz voice with hop 256); each window also decodes the receptive field on both sides.
+    stream_first_window_frames: int = Field(
+        24,
+        ge=1,
+        le=1000,
+        description="Frames of a stream's first decoder window (24 = 0.28 s at 22,050 Hz): the first "
+        "audio waits for text encoder, durations, flow and this much decoding.",
+    )
+    stream_window_frames: int = Field(
+        192,
+        ge=8,
+        le=10_000,
+        description="Frames of each later decoder window (192 = 2.2 s): larger costs fewer context "
+        "frames (twice the receptive field per window, ~26) but leaves the engine in longer steps.",
+    )
+    model_aliases: list[str] = Field(
+        ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"],
+        description="Model names the speech route accepts besides MODEL_NAME (OpenAI's, so OpenAI "
+        "clients work unchanged); JSON list.",
+    )
+    voice_aliases: dict[str, str] = Field(
+        dict.fromkeys(OPENAI_VOICES, ""),
+        description="Voice names the speech route accepts and the voice each stands for (empty: the "
+        "model's default voice); JSON object. Default: OpenAI's voices, so OpenAI clients work unchanged.",
+    )
 
     # --- batcher: one engine thread behind a bounded queue ---
     max_batch_size: int = Field(
@@ -263,6 +310,14 @@ class Settings(BaseSettings):
             return v
         raise ValueError("must be cpu, cuda or cuda:N")
 
+    @field_validator("stream_window_frames")
+    @classmethod
+    def _window_frames(cls, v: int, info: ValidationInfo) -> int:
+        first = info.data.get("stream_first_window_frames")
+        if first is not None and v < first:
+            raise ValueError(f"must be at least STREAM_FIRST_WINDOW_FRAMES ({first})")
+        return v
+
     @field_validator("ce_reply_type")
     @classmethod
     def _reply_differs(cls, v: str, info: ValidationInfo) -> str:
@@ -299,6 +354,16 @@ class Settings(BaseSettings):
     def output_prefixes(self) -> list[str]:
         """CE_OUTPUT_PREFIXES as directory URIs ending in "/": s3://b/out allows s3://b/out/x, not s3://b/outer."""
         return [p.strip().rstrip("/") + "/" for p in self.ce_output_prefixes.split(",") if p.strip()]
+
+    @property
+    def engine_name(self) -> str:
+        """ENGINE with auto resolved: onnxruntime measured fastest on CPU (bench engines: torch took
+        1.4-1.8x as long), torch on CUDA, and torch whenever DTYPE or COMPILE ask for it."""
+        if self.engine != "auto":
+            return self.engine
+        if self.device.startswith("cuda") or self.dtype != "fp32" or self.compile:
+            return "torch"
+        return "onnx"
 
     @property
     def revision_name(self) -> str:
@@ -349,3 +414,8 @@ def load_settings(**overrides: Any) -> Settings:
             var = str(err["loc"][0]).upper() if err["loc"] else "?"
             problems.append(f"{var}: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        # A list or dict variable that is not JSON fails before validation, naming the field.
+        field = re.search(r'field "([^"]+)"', str(exc))
+        var = field.group(1).upper() if field else "?"
+        raise ConfigError(f"invalid configuration: {var}: not valid JSON ({exc.__cause__})") from None

@@ -48,6 +48,7 @@ from predictor.api.handlers import (
     predictor_error_response,
     validation_error_response,
 )
+from predictor.api.stream_infer import StreamInferHandler
 from predictor.api.v2 import TTSModel, require_version
 from predictor.config import ConfigError, Settings
 from predictor.errors import PredictorError, StorageError
@@ -187,6 +188,7 @@ class _GRPCServer:
         extension: ModelRepositoryExtension,
         interceptor: GrpcInterceptor,
         settings: Settings,
+        stream_infer: StreamInferHandler,
     ):
         self._port = port
         self._server = aio.server(
@@ -206,6 +208,8 @@ class _GRPCServer:
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
             _Servicer(dataplane, extension, settings.model_version), self._server
         )
+        # Triton's ModelStreamInfer, which KServe's servicer lacks, on the same service name.
+        self._server.add_generic_rpc_handlers((stream_infer,))
         self._server.add_insecure_port(f"[::]:{port}")
 
     async def start(self) -> None:
@@ -265,6 +269,8 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
         "model ready",
         extra={
             "model": settings.model_name,
+            # ENGINE=auto is resolved at start; say which engine that made, and why it could.
+            "engine": f"{settings.engine_name} (ENGINE={settings.engine}, DEVICE={settings.device})",
             "artifact": f"{done.manifest.name}@{done.manifest.version}",
             "cold_start_s": round(total, 3),
             "phases_s": {p: round((t1 - t0) / 1e9, 3) for p, (t0, t1) in done.phases_ns.items()},
@@ -320,6 +326,7 @@ async def run(settings: Settings, cold_start: Future) -> bool:
             extension,
             GrpcInterceptor(settings.revision_name, recorder, service),
             settings,
+            StreamInferHandler(service, settings.model_name),
         )
         servers.append(asyncio.create_task(grpc_server.start(), name="grpc"))
 

@@ -108,10 +108,10 @@ BAD = {
     "empty input": ({"input": "  "}, "empty"),
     "input over the limit": ({"input": "a" * 50_001}, "MAX_STREAM_TEXT_CHARS"),
     "unknown format": ({"input": "Hi.", "response_format": "aac"}, "aac"),
-    "unknown voice": ({"input": "Hi.", "voice": "alloy"}, "alloy"),
+    "unknown voice": ({"input": "Hi.", "voice": "nonesuch"}, "nonesuch"),
     "speed too high": ({"input": "Hi.", "speed": 9}, "speed"),
     "unknown field": ({"input": "Hi.", "pitch": 2}, "pitch"),
-    "unknown model": ({"input": "Hi.", "model": "tts-1-hd"}, "tts-1-hd"),
+    "unknown model": ({"input": "Hi.", "model": "tts-2"}, "tts-2"),
 }
 
 

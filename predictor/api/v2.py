@@ -353,7 +353,7 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         meta: dict[str, Any] = {
             "name": name,
             "versions": [settings.model_version],
-            "platform": settings.engine,
+            "platform": settings.engine_name,
             "inputs": INPUT_METADATA,
             "outputs": OUTPUT_METADATA,
         }

@@ -111,7 +111,7 @@ def _construct(settings: Settings) -> Engine:
     try:
         return engines.create(settings)
     except EngineError as exc:
-        raise ConfigError(f"ENGINE={settings.engine} DEVICE={settings.device}: {exc.message}") from exc
+        raise ConfigError(f"ENGINE={settings.engine_name} DEVICE={settings.device}: {exc.message}") from exc
 
 
 def _timed(phases: dict[str, tuple[int, int]], name: str, step: Callable[[], T]) -> T:
@@ -188,7 +188,7 @@ def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
                 uri,
                 settings.model_dir,
                 **fetching.FetchOptions.from_settings(settings).as_kwargs(),
-                engine=settings.engine,
+                engine=settings.engine_name,
             )
             return manifest, report
         except (TransientStorageError, IntegrityError) as exc:
