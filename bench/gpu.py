@@ -196,7 +196,7 @@ def _cold_starts(res: SuiteResult, session: Session, device: str, compiled: bool
     for name, env in variants:
         p = Predictor(session, session.path("model"), ENGINE="torch", DEVICE=device, **env)
         try:
-            ready = p.wait_ready(timeout_s=400)
+            ready = p.wait_ready(timeout=400)
             phases = p.cold_start_metrics()
         finally:
             p.stop()

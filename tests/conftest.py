@@ -123,8 +123,11 @@ def start_predictor(
             "MODEL_DIR": str(tmp_path_factory.mktemp("model")),
             "MAX_TEXT_CHARS": "2000",
             "CPU_THREADS": "1",  # two predictors may share CI's two cores
-            # Where test events may write (test_events' bucket, and the one whose absence it tests).
-            "CE_OUTPUT_PREFIXES": "s3://event-outputs/jobs,s3://no-such-bucket-for-events",
+            # Where test events may write: test_events' bucket and the one whose absence it tests,
+            # test_faults' and test_drain's.
+            "CE_OUTPUT_PREFIXES": (
+                "s3://event-outputs/jobs,s3://no-such-bucket-for-events,s3://fault-outputs,s3://drain-outputs"
+            ),
             # The suites were written for the engine that seeds and batches; ENGINE=auto (onnx on
             # CPU) is tested where a test asks for it (ENGINE="auto").
             "ENGINE": "torch",
