@@ -195,6 +195,13 @@ _THRESHOLD_FLAGS = (
         "DB",
         "95th percentile mel-cepstral distortion (default {default} dB)",
     ),
+    (
+        "--max-mos-drop",
+        "max_mos_drop",
+        "MOS",
+        "largest drop of the mean DNSMOS P.808 MOS, stable minus canary, over requests scored on both "
+        "sides (e.g. 0.1; default off; needs 20 such requests, else exit 2)",
+    ),
 )
 
 

@@ -124,7 +124,9 @@ def _mel_to_hz(m: np.ndarray) -> np.ndarray:
 def _mel_filters() -> np.ndarray:
     """librosa.filters.mel(sr=16000, n_fft=321, n_mels=120) as of librosa 0.9.1: [N_MELS, 161]."""
     fft_freqs = np.fft.rfftfreq(_N_FFT, 1.0 / SAMPLE_RATE)  # [161]
-    mel_f = _mel_to_hz(np.linspace(_hz_to_mel(np.array(0.0)), _hz_to_mel(np.array(SAMPLE_RATE / 2)), _N_MELS + 2))
+    mel_f = _mel_to_hz(
+        np.linspace(_hz_to_mel(np.array(0.0)), _hz_to_mel(np.array(SAMPLE_RATE / 2)), _N_MELS + 2)
+    )
     fdiff = np.diff(mel_f)
     ramps = mel_f[:, None] - fft_freqs[None, :]  # [N_MELS+2, 161]
     lower = -ramps[:-2] / fdiff[:-1, None]

@@ -1,11 +1,15 @@
 """Canary verdict: join stable's and canary's shadow records by request id, measure, PASS or FAIL.
 
     stable records ─┐                     ┌─ match rate, latency p50/p99, error rate,
-                    ├─ join on "id" ─> pairs ─┤  duration ratio, mel-cepstral distortion
+                    ├─ join on "id" ─> pairs ─┤  duration ratio, mel-cepstral distortion, MOS
     canary records ─┘                     └─ thresholds -> PASS | FAIL + reasons (+ a PNG)
 
 Latency, errors, durations and distances are computed over matched pairs only: both revisions then
-answered the same requests, so a canary that missed the slow ones cannot look faster.
+answered the same requests, so a canary that missed the slow ones cannot look faster. MOS
+(DNSMOS estimates on a sampled share of records, the same ids on both sides) is compared over the
+pairs scored on both sides: each side's mean with a 95 % confidence interval, and the paired
+difference, whose interval is much narrower than either side's because a text's own difficulty
+cancels out.
 """
 
 from __future__ import annotations
@@ -25,6 +29,16 @@ if TYPE_CHECKING:
 
 class CompareError(Exception):
     """Input compare cannot judge (missing records, nothing in common); the CLI exits 2."""
+
+
+# The MOS estimates a record may carry (predictor.shadow.recorder.MOS_FIELDS), with their names.
+MOS_NAMES = {"mos_p808": "MOS P.808", "mos_ovrl": "MOS P.835 OVRL"}
+# The estimate --max-mos-drop judges. P.808 over OVRL: on the default voice it moves as much or more
+# under every degradation we tried and spreads less over unseeded renditions (README, Quality (MOS)).
+MOS_GATE = "mos_p808"
+# Fewest pairs scored on both sides for a MOS verdict: with the spread of a paired difference on the
+# default voice (sd ~0.1), 20 pairs put its 95 % interval near ±0.05, half the default drop judged.
+MIN_MOS_PAIRS = 20
 
 
 # --- reading records ---------------------------------------------------------------------------
@@ -115,6 +129,21 @@ class Thresholds:
     # p95 ~1.8 dB (noise alone); white noise at -34 dBFS over the audio gives ~2.8 dB.
     max_mcd_p50_db: float = 1.5
     max_mcd_p95_db: float = 2.5
+    # Off unless asked for: records written before MOS existed, or with SHADOW_MOS_SAMPLE=0, carry none.
+    max_mos_drop: float | None = None  # stable's mean minus canary's, over pairs scored on both sides
+
+
+@dataclass(frozen=True)
+class MosSummary:
+    """One MOS estimate over the pairs scored on both sides: means, 95 % interval half-widths."""
+
+    pairs: int
+    stable_mean: float
+    stable_ci: float
+    canary_mean: float
+    canary_ci: float
+    diff_mean: float  # canary - stable, pair by pair
+    diff_ci: float
 
 
 @dataclass
@@ -132,17 +161,21 @@ class Report:
     mcd_p50_db: float | None
     mcd_p95_db: float | None
     text_mismatches: int  # pairs whose text hashes differ: the join paired different requests
+    # Successful pairs carrying a MOS estimate on the stable side, on the canary side.
+    mos_scored: tuple[int, int] = (0, 0)
+    mos: dict[str, MosSummary] = field(default_factory=dict)  # by record field; absent: no pair scored
     reasons: list[str] = field(default_factory=list)
     # Per-pair series for the plot, not part of the JSON summary.
     latencies: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
     distances: list[float] = field(default_factory=list)
+    mos_pairs: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))  # MOS_GATE
 
     @property
     def passed(self) -> bool:
         return not self.reasons
 
     def summary(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("latencies", "distances")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("latencies", "distances", "mos_pairs")}
         out["verdict"] = "PASS" if self.passed else "FAIL"
         return out
 
@@ -151,6 +184,43 @@ def _pct(xs: list[float], q: float) -> float:
     import numpy as np
 
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else math.nan
+
+
+def _t975(df: int) -> float:
+    """Student's t 97.5 % quantile (Cornish-Fisher expansion; within 0.3 % of the table from df 3)."""
+    z = 1.959963984540054
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+def _mean_ci(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % t interval (nan below two values)."""
+    import numpy as np
+
+    a = np.asarray(xs, dtype=np.float64)
+    if len(a) < 2:
+        return (float(a.mean()) if len(a) else math.nan), math.nan
+    return float(a.mean()), _t975(len(a) - 1) * float(a.std(ddof=1)) / math.sqrt(len(a))
+
+
+def _mos_summary(pairs: list[tuple[dict[str, Any], dict[str, Any]]], name: str) -> MosSummary | None:
+    scored = [
+        (float(s[name]), float(c[name])) for s, c in pairs if _is_num(s.get(name)) and _is_num(c.get(name))
+    ]
+    if not scored:
+        return None
+    st, ca = [s for s, _ in scored], [c for _, c in scored]
+    (sm, sci), (cm, cci) = _mean_ci(st), _mean_ci(ca)
+    dm, dci = _mean_ci([c - s for s, c in scored])
+    return MosSummary(len(scored), sm, sci, cm, cci, dm, dci)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _revision(records: dict[str, dict[str, Any]]) -> str:
@@ -211,7 +281,27 @@ def compare(
         text_mismatches=sum(s.get("text_sha256") != c.get("text_sha256") for s, c in both_ok),
         latencies=(lat_s, lat_c),
         distances=distances,
+        mos_scored=(
+            sum(_is_num(s.get(MOS_GATE)) for s, _ in both_ok),
+            sum(_is_num(c.get(MOS_GATE)) for _, c in both_ok),
+        ),
+        mos_pairs=(
+            [float(s[MOS_GATE]) for s, c in both_ok if _is_num(s.get(MOS_GATE)) and _is_num(c.get(MOS_GATE))],
+            [float(c[MOS_GATE]) for s, c in both_ok if _is_num(s.get(MOS_GATE)) and _is_num(c.get(MOS_GATE))],
+        ),
     )
+    for name in MOS_NAMES:
+        summary = _mos_summary(both_ok, name)
+        if summary is not None:
+            report.mos[name] = summary
+    if thresholds.max_mos_drop is not None:
+        pairs_scored = report.mos[MOS_GATE].pairs if MOS_GATE in report.mos else 0
+        if pairs_scored < MIN_MOS_PAIRS:
+            raise CompareError(
+                f"--max-mos-drop needs at least {MIN_MOS_PAIRS} requests scored on both sides; "
+                f"{pairs_scored} are (stable scored {report.mos_scored[0]}, canary {report.mos_scored[1]}, "
+                f"of {len(both_ok)} requests both answered): collect longer or raise SHADOW_MOS_SAMPLE"
+            )
     report.reasons = _judge(report, thresholds)
     return report
 
@@ -239,6 +329,12 @@ def _judge(r: Report, t: Thresholds) -> list[str]:
         reasons.append(f"spectral distance p50 {r.mcd_p50_db:.2f} dB > {t.max_mcd_p50_db:g} dB")
     if r.mcd_p95_db is not None and r.mcd_p95_db > t.max_mcd_p95_db:
         reasons.append(f"spectral distance p95 {r.mcd_p95_db:.2f} dB > {t.max_mcd_p95_db:g} dB")
+    gate = r.mos.get(MOS_GATE)
+    if t.max_mos_drop is not None and gate is not None and -gate.diff_mean > t.max_mos_drop:
+        reasons.append(
+            f"{MOS_NAMES[MOS_GATE]} dropped {-gate.diff_mean:.2f} ± {gate.diff_ci:.2f} "
+            f"({gate.stable_mean:.2f} -> {gate.canary_mean:.2f}, {gate.pairs} pairs) > {t.max_mos_drop:g}"
+        )
     if r.text_mismatches:
         reasons.append(
             f"{r.text_mismatches} matched requests carry different texts: request ids are not unique"
@@ -261,10 +357,32 @@ def format_report(r: Report) -> str:
         f"error rate       {r.error_rate[0]:.1%} -> {r.error_rate[1]:.1%}",
         f"duration ratio   {opt(r.duration_ratio, '.3f')} (median canary/stable)",
         f"spectral (MCD)   p50 {opt(r.mcd_p50_db, '.2f')} dB, p95 {opt(r.mcd_p95_db, '.2f')} dB ({len(r.distances)} pairs)",
+        *_mos_lines(r),
         "PASS" if r.passed else "FAIL",
         *(f"  - {reason}" for reason in r.reasons),
     ]
     return "\n".join(lines)
+
+
+def _mos_lines(r: Report) -> list[str]:
+    if not r.mos:
+        return [
+            f"MOS              - (no request scored on both sides; scored: stable {r.mos_scored[0]}, "
+            f"canary {r.mos_scored[1]}; see SHADOW_MOS_SAMPLE)"
+        ]
+
+    def ci(x: float) -> str:
+        return "" if math.isnan(x) else f" ± {x:.2f}"
+
+    lines = []
+    for name, label in MOS_NAMES.items():
+        m = r.mos.get(name)
+        if m is not None:
+            lines.append(
+                f"{label:<16} {m.stable_mean:.2f}{ci(m.stable_ci)} -> {m.canary_mean:.2f}{ci(m.canary_ci)} "
+                f"(paired {m.diff_mean:+.2f}{ci(m.diff_ci)}, {m.pairs} pairs, 95 % CI)"
+            )
+    return lines
 
 
 def _delta(pair: tuple[float, float]) -> str:
@@ -275,8 +393,26 @@ def _delta(pair: tuple[float, float]) -> str:
 
 
 # --- the plot ----------------------------------------------------------------------------------
+def _plot_mos(ax: Any, report: Report) -> None:
+    """Canary's MOS against stable's, one point per pair scored on both sides; below the diagonal: worse."""
+    label = MOS_NAMES[MOS_GATE]
+    stable, canary = report.mos_pairs
+    gate = report.mos.get(MOS_GATE)
+    if stable and gate is not None:
+        ax.scatter(stable, canary, s=12, alpha=0.7)
+        lo, hi = min(*stable, *canary) - 0.1, max(*stable, *canary) + 0.1
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
+        ci = "" if math.isnan(gate.diff_ci) else f" ± {gate.diff_ci:.2f}"
+        ax.set_title(f"{label}: paired {gate.diff_mean:+.2f}{ci} (n={gate.pairs})")
+    else:
+        ax.text(0.5, 0.5, "no request scored on both sides", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(label)
+    ax.set(xlabel=f"stable {label}", ylabel=f"canary {label}")
+    ax.grid(alpha=0.3)
+
+
 def write_png(report: Report, out: Path) -> None:
-    """Latency CDFs (stable vs canary) and the distance histogram; written atomically."""
+    """Latency CDFs (stable vs canary), the distance histogram and MOS per pair; written atomically."""
     import numpy as np
 
     try:
@@ -289,7 +425,7 @@ def write_png(report: Report, out: Path) -> None:
 
     from predictor.storage.files import atomic_write_bytes
 
-    fig, (ax_lat, ax_mcd) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_lat, ax_mcd, ax_mos) = plt.subplots(1, 3, figsize=(16, 4))
     for name, xs in (("stable", report.latencies[0]), ("canary", report.latencies[1])):
         if xs:
             s = np.sort(np.asarray(xs)) * 1e3
@@ -305,6 +441,7 @@ def write_png(report: Report, out: Path) -> None:
         title="spectral distance, canary vs stable",
     )
     ax_mcd.grid(alpha=0.3)
+    _plot_mos(ax_mos, report)
     fig.suptitle(
         f"{report.canary_revision} vs {report.stable_revision}: {'PASS' if report.passed else 'FAIL'}"
     )
