@@ -31,11 +31,11 @@ class CompareError(Exception):
     """Input compare cannot judge (missing records, nothing in common); the CLI exits 2."""
 
 
-# The MOS estimates a record may carry (predictor.shadow.recorder.MOS_FIELDS), with their names.
+# The MOS estimates compare reads from records (predictor.shadow.recorder.MOS_FIELDS), with their
+# names; --max-mos-drop judges each. Both, because on the default voice each misses what the other
+# sees: P.808 falls under band limiting (low-pass, 8 kHz) where OVRL stays put, OVRL falls under
+# clipping where P.808 may not (README, Quality (MOS)).
 MOS_NAMES = {"mos_p808": "MOS P.808", "mos_ovrl": "MOS P.835 OVRL"}
-# The estimate --max-mos-drop judges. P.808 over OVRL: on the default voice it moves as much or more
-# under every degradation we tried and spreads less over unseeded renditions (README, Quality (MOS)).
-MOS_GATE = "mos_p808"
 # Fewest pairs scored on both sides for a MOS verdict: with the spread of a paired difference on the
 # default voice (sd ~0.1), 20 pairs put its 95 % interval near ±0.05, half the default drop judged.
 MIN_MOS_PAIRS = 20
@@ -168,7 +168,8 @@ class Report:
     # Per-pair series for the plot, not part of the JSON summary.
     latencies: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
     distances: list[float] = field(default_factory=list)
-    mos_pairs: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))  # MOS_GATE
+    # (stable, canary) per pair scored on both sides, by record field.
+    mos_pairs: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -282,20 +283,20 @@ def compare(
         latencies=(lat_s, lat_c),
         distances=distances,
         mos_scored=(
-            sum(_is_num(s.get(MOS_GATE)) for s, _ in both_ok),
-            sum(_is_num(c.get(MOS_GATE)) for _, c in both_ok),
-        ),
-        mos_pairs=(
-            [float(s[MOS_GATE]) for s, c in both_ok if _is_num(s.get(MOS_GATE)) and _is_num(c.get(MOS_GATE))],
-            [float(c[MOS_GATE]) for s, c in both_ok if _is_num(s.get(MOS_GATE)) and _is_num(c.get(MOS_GATE))],
+            sum(all(_is_num(s.get(n)) for n in MOS_NAMES) for s, _ in both_ok),
+            sum(all(_is_num(c.get(n)) for n in MOS_NAMES) for _, c in both_ok),
         ),
     )
     for name in MOS_NAMES:
         summary = _mos_summary(both_ok, name)
         if summary is not None:
             report.mos[name] = summary
+            report.mos_pairs[name] = (
+                [float(s[name]) for s, c in both_ok if _is_num(s.get(name)) and _is_num(c.get(name))],
+                [float(c[name]) for s, c in both_ok if _is_num(s.get(name)) and _is_num(c.get(name))],
+            )
     if thresholds.max_mos_drop is not None:
-        pairs_scored = report.mos[MOS_GATE].pairs if MOS_GATE in report.mos else 0
+        pairs_scored = min((report.mos[n].pairs if n in report.mos else 0) for n in MOS_NAMES)
         if pairs_scored < MIN_MOS_PAIRS:
             raise CompareError(
                 f"--max-mos-drop needs at least {MIN_MOS_PAIRS} requests scored on both sides; "
@@ -329,12 +330,13 @@ def _judge(r: Report, t: Thresholds) -> list[str]:
         reasons.append(f"spectral distance p50 {r.mcd_p50_db:.2f} dB > {t.max_mcd_p50_db:g} dB")
     if r.mcd_p95_db is not None and r.mcd_p95_db > t.max_mcd_p95_db:
         reasons.append(f"spectral distance p95 {r.mcd_p95_db:.2f} dB > {t.max_mcd_p95_db:g} dB")
-    gate = r.mos.get(MOS_GATE)
-    if t.max_mos_drop is not None and gate is not None and -gate.diff_mean > t.max_mos_drop:
-        reasons.append(
-            f"{MOS_NAMES[MOS_GATE]} dropped {-gate.diff_mean:.2f} ± {gate.diff_ci:.2f} "
-            f"({gate.stable_mean:.2f} -> {gate.canary_mean:.2f}, {gate.pairs} pairs) > {t.max_mos_drop:g}"
-        )
+    for name, label in MOS_NAMES.items():
+        m = r.mos.get(name)
+        if t.max_mos_drop is not None and m is not None and -m.diff_mean > t.max_mos_drop:
+            reasons.append(
+                f"{label} dropped {-m.diff_mean:.2f} ± {m.diff_ci:.2f} "
+                f"({m.stable_mean:.2f} -> {m.canary_mean:.2f}, {m.pairs} pairs) > {t.max_mos_drop:g}"
+            )
     if r.text_mismatches:
         reasons.append(
             f"{r.text_mismatches} matched requests carry different texts: request ids are not unique"
@@ -394,20 +396,26 @@ def _delta(pair: tuple[float, float]) -> str:
 
 # --- the plot ----------------------------------------------------------------------------------
 def _plot_mos(ax: Any, report: Report) -> None:
-    """Canary's MOS against stable's, one point per pair scored on both sides; below the diagonal: worse."""
-    label = MOS_NAMES[MOS_GATE]
-    stable, canary = report.mos_pairs
-    gate = report.mos.get(MOS_GATE)
-    if stable and gate is not None:
-        ax.scatter(stable, canary, s=12, alpha=0.7)
-        lo, hi = min(*stable, *canary) - 0.1, max(*stable, *canary) + 0.1
+    """Canary's MOS against stable's, a point per pair scored on both sides; below the diagonal: worse."""
+    values: list[float] = []
+    for name, label in MOS_NAMES.items():
+        m = report.mos.get(name)
+        if m is None:
+            continue
+        stable, canary = report.mos_pairs[name]
+        ci = "" if math.isnan(m.diff_ci) else f" ± {m.diff_ci:.2f}"
+        ax.scatter(stable, canary, s=12, alpha=0.7, label=f"{label}: paired {m.diff_mean:+.2f}{ci}")
+        values += stable + canary
+    if values:
+        lo, hi = min(values) - 0.1, max(values) + 0.1
         ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
-        ci = "" if math.isnan(gate.diff_ci) else f" ± {gate.diff_ci:.2f}"
-        ax.set_title(f"{label}: paired {gate.diff_mean:+.2f}{ci} (n={gate.pairs})")
+        ax.legend(loc="lower right")
+        pairs = max(m.pairs for m in report.mos.values())
+        ax.set_title(f"DNSMOS per request (n={pairs}, 95 % CI)")
     else:
         ax.text(0.5, 0.5, "no request scored on both sides", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(label)
-    ax.set(xlabel=f"stable {label}", ylabel=f"canary {label}")
+        ax.set_title("DNSMOS per request")
+    ax.set(xlabel="stable MOS", ylabel="canary MOS")
     ax.grid(alpha=0.3)
 
 
