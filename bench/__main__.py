@@ -1,4 +1,4 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|image|quality|all]`: run the benchmarks, print a table, write JSON.
 
 Every figure is compared with a baseline measured in the same run on the same machine, so the ratios
 mean something on a laptop, in CI, or on a node; absolute numbers are printed alongside.
@@ -22,7 +22,7 @@ from types import FrameType
 
 from bench.common import REPO, Row, Session, SuiteResult, log
 
-SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow", "image")
+SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow", "image", "quality")
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
 
@@ -51,6 +51,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import image
 
         return image.run(session)
+    if name == "quality":
+        from bench import quality
+
+        return quality.run(session)
     if name == "shadow":
         from bench import shadow
 

@@ -288,7 +288,9 @@ def mos_record(rid: str, revision: str, p808: float | None, ovrl: float | None) 
     }
 
 
-def write_sides(tmp_path: Path, canary_p808_shift: float, canary_ovrl_shift: float = 0.0, scored: int = N_PAIRS):
+def write_sides(
+    tmp_path: Path, canary_p808_shift: float, canary_ovrl_shift: float = 0.0, scored: int = N_PAIRS
+):
     """Stable and canary JSONL files; the first `scored` pairs carry MOS, the canary's shifted."""
     rng = np.random.default_rng(7)
     base = 3.6 + 0.3 * rng.standard_normal(N_PAIRS)  # texts differ in difficulty...
@@ -365,7 +367,9 @@ def test_records_without_scores_compare_and_say_none_was_scored(capsys, tmp_path
     for path in (stable, canary):  # records from before MOS existed: no mos_* keys at all
         lines = [json.loads(line) for line in Path(path).read_text().splitlines()]
         Path(path).write_text(
-            "".join(json.dumps({k: v for k, v in r.items() if not k.startswith("mos_")}) + "\n" for r in lines)
+            "".join(
+                json.dumps({k: v for k, v in r.items() if not k.startswith("mos_")}) + "\n" for r in lines
+            )
         )
 
     code, out, _ = run_compare(capsys, "--stable", stable, "--canary", canary)
