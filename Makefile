@@ -24,8 +24,9 @@ run: install
 
 # Debian programs the tests start for real: Prometheus (PromQL of the manifests), nginx (mirroring),
 # podman with runc (the image, built and run without a Docker engine; crun fails on hybrid cgroups)
-# and debootstrap (the image's base from Debian packages where no registry is reachable).
-SYSTEM_PACKAGES := prometheus nginx podman runc debootstrap
+# and debootstrap (the image's base from Debian packages where no registry is reachable); chromium for
+# the playground and report tests (Playwright drives it; no browser is downloaded).
+SYSTEM_PACKAGES := prometheus nginx podman runc debootstrap chromium
 system-packages:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null || [ -x /usr/sbin/$$p ] || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

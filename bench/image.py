@@ -16,7 +16,9 @@ import uuid
 
 import httpx
 
-from bench.common import THREADS, Predictor, Row, Session, SuiteResult, aws_env, free_port, log, median
+from bench.common import THREADS, Predictor, Row, Session, SuiteResult, log, median
+from testing.ports import free_port
+from testing.s3 import aws_env
 from tools import image as image_build
 from tools.podrun import manifest_pod, remove, run_args
 

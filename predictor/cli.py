@@ -142,6 +142,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
         if args.png:
             compare.write_png(report, Path(args.png))
+        if args.html:
+            flags = {field: flag for flag, field, _, _ in _THRESHOLD_FLAGS}
+            compare.write_html(report, thresholds, Path(args.html), flags)
     except compare.CompareError as exc:
         print(f"tts-predictor compare: {exc}", file=sys.stderr)
         return 2
@@ -243,8 +246,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 print(sweep.format_table(sweep.parse(args.sweep)[0], rows))
             return 0
         result = simulate(flavour, values, prof, traffic)
+        title = f"{args.manifests} | {traffic.source}"
         if args.png:
-            report.write_png(result, Path(args.png), f"{args.manifests} | {traffic.source}")
+            report.write_png(result, Path(args.png), title)
+        if args.html:
+            report.write_html(result, Path(args.html), title, values)
     except SimulateError as exc:
         print(f"tts-predictor simulate: {exc}", file=sys.stderr)
         return 2
@@ -298,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--canary", required=True, help="canary's records, likewise")
     p.add_argument("--png", help="write latency CDFs and the distance histogram here")
+    p.add_argument(
+        "--html", help="write one self-contained page here: verdict, each threshold, the plot (atomically)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     for flag, field, metavar, text in _THRESHOLD_FLAGS:
         default = getattr(t, field)
@@ -323,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one setting (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--png", help="draw the timeline here (written atomically)")
+    p.add_argument("--html", help="write one self-contained page here: summary, settings, timeline")
     p.add_argument(
         "--sweep", metavar="KEY=V1,V2,...", help="one run per value: p99 vs replica-seconds, Pareto front"
     )

@@ -181,6 +181,14 @@ class Settings(BaseSettings):
         "(S3's smallest part is 5 MiB); smaller ones as one PUT. Both become visible only when complete.",
     )
 
+    # --- development ---
+    playground: bool = Field(
+        False,
+        description="Serve the playground page (GET / and /playground: type, hear it stream, download). "
+        "For `make run` and laptops; off in every manifest, as a production pod serves no UI on its "
+        "inference port.",
+    )
+
     # --- observability ---
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
     log_format: Literal["json", "text"] = Field("json", description="json: one JSON object per line.")

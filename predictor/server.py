@@ -40,7 +40,7 @@ from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from kserve.protocol.rest.server import RESTServer
 from opentelemetry import trace
 
-from predictor.api import speech, v1, v2
+from predictor.api import pages, speech, v1, v2
 from predictor.api.handlers import not_ready_response, predictor_error_response
 from predictor.api.v2 import TTSModel
 from predictor.audio import quality
@@ -160,6 +160,9 @@ class _GRPCServer:
 
 
 def add_routes(app: FastAPI, service: TTSService, settings: Settings) -> None:
+    if settings.playground:
+        # Before KServe's routes: its `/` (a liveness answer) gives way to the page.
+        app.include_router(pages.router())
     app.include_router(speech.router(service, settings))
     app.include_router(v2.router(service, settings))
     app.include_router(v1.router(service, settings, OutputStore(settings)))

@@ -3,7 +3,7 @@
     python -m testing.local [--s3-port 9000] [--voice-uri s3://voices/en_US-joe-medium]
 
 An S3 already answering on the port (a previous run's, or a real one) is reused as is. The predictor
-logs to this terminal; once it is ready, ready-to-paste curl commands are printed. Ctrl-C or SIGTERM
+logs to this terminal; once it is ready, the playground's URL and ready-to-paste curl commands are printed. Ctrl-C or SIGTERM
 stops the predictor (it drains) and the moto server this command started.
 """
 
@@ -26,7 +26,7 @@ CACHE = REPO / ".cache"
 READY_TIMEOUT_S = 600.0
 
 CURLS = """\
-the predictor is ready; try:
+the predictor is ready; open the playground at http://localhost:{http}/ or try:
   curl -s localhost:{http}/v2/models/tts/infer -H 'content-type: application/json' \\
     -d '{{"inputs":[{{"name":"text","datatype":"BYTES","shape":[1],"data":["Hello from the predictor."]}}]}}' | head -c 300
   curl -s localhost:{http}/v1/models/tts:predict -d '{{"instances":[{{"text":"Hello."}}]}}' \\
@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                 "STORAGE_URI": args.voice_uri,
                 "MODEL_DIR": str(CACHE / "models" / "en_US-joe-medium"),
                 "LOG_FORMAT": "text",
+                # The page at / for a person trying the voice; every manifest leaves it off.
+                "PLAYGROUND": "true",
             }
             predictor = PredictorProcess(env, None, http_port=args.http_port, grpc_port=args.grpc_port)
             stack.callback(predictor.stop)

@@ -20,8 +20,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import free_port
-from tests.conftest import aws_env_for, v2_request
+from testing.bodies import v2_request
+from testing.ports import free_port
+from testing.s3 import aws_env
 from tools import image as image_build
 from tools.podrun import PodSpec, manifest_pod, remove, run_args
 
@@ -66,7 +67,7 @@ def s3(s3_server: str, voice_dir, pod: PodSpec):
     """moto with the voice where the manifest's STORAGE_URI points and the shadow sink's bucket."""
     from predictor.artifact.publish import publish
 
-    env = aws_env_for(s3_server)
+    env = aws_env(s3_server)
     client = boto3.client(
         "s3",
         endpoint_url=s3_server,
@@ -131,7 +132,7 @@ def start(built_image: str, pod: PodSpec, s3, s3_server: str) -> Iterator:
     def run(sizes: dict[str, int] | None = None) -> Container:
         name = f"tts-test-{uuid.uuid4().hex[:8]}"
         http_port, grpc_port = free_port(), free_port()
-        env = {**aws_env_for(s3_server), "HTTP_PORT": str(http_port), "GRPC_PORT": str(grpc_port)}
+        env = {**aws_env(s3_server), "HTTP_PORT": str(http_port), "GRPC_PORT": str(grpc_port)}
         # The secret the manifest's envFrom names holds the AWS variables; nothing reads ~/.aws here.
         env = {k: v for k, v in env.items() if k not in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")}
         names.append(name)

@@ -17,6 +17,8 @@ FLOORS: list[set[str]] = [
     {"deploy"},
     {"observability"},
     {"storage"},
+    # HTML pages of compare's and simulate's reports; writes through storage's atomic files.
+    {"report"},
     {"audio"},
     {"engine"},
     {"artifact"},

@@ -339,6 +339,13 @@ MUTATIONS = [
     ),
     ("unknown kind", "knative/overlays/cpu", _kind("Broker"), _set("/kind", "Brokr"), "unknown kind"),
     (
+        "playground on",
+        "knative/overlays/gpu",
+        _isvc,
+        _set("/spec/predictor/containers/0/env/-", {"name": "PLAYGROUND", "value": "true"}),
+        "PLAYGROUND serves a web page",
+    ),
+    (
         "undefined recorded series",
         "knative/overlays/cpu",
         _kind("PrometheusRule"),

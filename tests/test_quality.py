@@ -19,6 +19,7 @@ from predictor.shadow import recorder as recording
 from testing import degrade
 from testing.bodies import v2_request
 from testing.polling import wait_until
+from testing.records import shadow_record, voiced, write_jsonl
 
 SR16 = quality.SAMPLE_RATE
 
@@ -267,27 +268,6 @@ def test_mos_sample_without_the_models_is_refused_at_start(monkeypatch, tmp_path
 N_PAIRS = 30
 
 
-def mos_record(rid: str, revision: str, p808: float | None, ovrl: float | None) -> dict:
-    return {
-        "v": 1,
-        "id": rid,
-        "revision": revision,
-        "route": "/v2/models/{model_name}/infer",
-        "status": 200,
-        "ts": 1.0,
-        "latency_s": 0.5,
-        "audio_s": 2.0,
-        "sample_rate": 22050,
-        "items": 1,
-        "text_sha256": recording.text_sha256([rid]),
-        "mcep": None,
-        "mos_p808": p808,
-        "mos_sig": None if ovrl is None else 3.5,
-        "mos_bak": None if ovrl is None else 4.0,
-        "mos_ovrl": ovrl,
-    }
-
-
 def write_sides(
     tmp_path: Path, canary_p808_shift: float, canary_ovrl_shift: float = 0.0, scored: int = N_PAIRS
 ):
@@ -301,11 +281,13 @@ def write_sides(
         s808, sov = (float(base[i]), float(base[i] - 0.7)) if has else (None, None)
         c808 = float(base[i] + jitter[i] + canary_p808_shift) if has else None
         cov = float(base[i] - 0.7 - jitter[i] + canary_ovrl_shift) if has else None
-        stable.append(mos_record(f"r{i}", "stable", s808, sov))
-        canary.append(mos_record(f"r{i}", "canary", c808, cov))
-    for name, records in (("stable", stable), ("canary", canary)):
-        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return str(tmp_path / "stable.jsonl"), str(tmp_path / "canary.jsonl")
+        audio = voiced(i)
+        stable.append(shadow_record(f"r{i}", "stable", audio, mos={"p808": s808, "ovrl": sov}))
+        canary.append(shadow_record(f"r{i}", "canary", audio, mos={"p808": c808, "ovrl": cov}))
+    return (
+        str(write_jsonl(tmp_path / "stable.jsonl", stable)),
+        str(write_jsonl(tmp_path / "canary.jsonl", canary)),
+    )
 
 
 def run_compare(capsys, *args: str) -> tuple[int, str, str]:
@@ -399,3 +381,17 @@ def test_png_shows_the_mos_panel(capsys, tmp_path):
 
     width = matplotlib.image.imread(png).shape[1]
     assert width == 1600, "three panels: latency, distance, MOS"
+
+
+def test_html_page_shows_mos_and_its_threshold(capsys, tmp_path):
+    stable, canary = write_sides(tmp_path, canary_p808_shift=-0.3)
+    page = tmp_path / "verdict.html"
+
+    code, _, _ = run_compare(
+        capsys, "--stable", stable, "--canary", canary, "--max-mos-drop", "0.1", "--html", str(page)
+    )
+
+    text = page.read_text()
+    assert code == 1
+    assert "MOS P.808 (mean ± 95 % CI)" in text and "MOS P.835 OVRL (paired)" in text
+    assert "--max-mos-drop" in text and "MOS P.808 dropped 0.3" in text

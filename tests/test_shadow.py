@@ -39,47 +39,11 @@ from testing.polling import answers, wait_until
 from testing.ports import free_port
 from testing.predictor import run_cli
 from testing.process import Child
+from testing.records import SR, voiced, write_jsonl
+from testing.records import shadow_record as record
 from testing.s3 import aws_env, s3_client
 
-SR = 22050
-
-
 # --- helpers ---------------------------------------------------------------------------------
-def voiced(seed: int, seconds: float = 1.5) -> np.ndarray:
-    """Speech-like test audio: a gliding harmonic tone with a syllable-rate envelope."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * SR)) / SR
-    f0 = 110 + 40 * rng.random() + 20 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / SR
-    tone = sum(np.sin(k * phase) / k for k in range(1, 12))
-    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * (3 + rng.random()) * t) ** 2
-    return (0.2 * tone * envelope).astype(np.float32)
-
-
-def record(rid: str, revision: str, audio: np.ndarray, *, latency_s: float = 0.5, status: int = 200) -> dict:
-    ok = status < 400
-    return {
-        "v": 1,
-        "id": rid,
-        "revision": revision,
-        "route": "/v2/models/{model_name}/infer",
-        "status": status,
-        "ts": 1.0,
-        "latency_s": latency_s,
-        "audio_s": len(audio) / SR if ok else None,
-        "sample_rate": SR if ok else None,
-        "items": 1,
-        "text_sha256": recording.text_sha256([rid]),
-        "mcep": fingerprint.fingerprint(audio, SR).tolist() if ok else None,
-    }
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
 N_SYNTH = 40
 LATENCIES = np.linspace(0.4, 0.6, N_SYNTH)
 

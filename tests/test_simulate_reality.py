@@ -14,7 +14,7 @@ import pytest
 
 from predictor.simulate import profile as profiles
 from predictor.simulate import settings, simulator, trace
-from tests.conftest import v2_request
+from testing.bodies import v2_request
 
 POLL_S = 0.05  # the holder's readiness poll, as a readiness probe period
 TEXT = "Scaling from zero is the reason this project exists, and now it is measured."

@@ -34,7 +34,7 @@ import jsonschema
 import kubernetes_validate
 import referencing
 import yaml
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 # The only predictor modules this tool uses (old paths until the issue-10 restructure lands).
 from predictor.config import Settings
@@ -551,6 +551,14 @@ def _settings_problems(env: dict[str, str]) -> list[str]:
     return problems
 
 
+def _playground_on(env: dict[str, str]) -> bool:
+    """PLAYGROUND as the predictor reads it (an invalid value is _settings_problems' to report)."""
+    try:
+        return TypeAdapter(bool).validate_python(env.get("PLAYGROUND", "false"))
+    except ValidationError:
+        return False
+
+
 def consistency_problems(deployment: Deployment) -> list[str]:
     problems: list[str] = []
     defaults = _settings_defaults()
@@ -567,6 +575,8 @@ def consistency_problems(deployment: Deployment) -> list[str]:
         container = predictor_container(isvc)
         env = container_env(container)
         problems += [f"{where}: {p}" for p in _settings_problems(env)]
+        if _playground_on(env):
+            problems.append(f"{where}: PLAYGROUND serves a web page on the inference port; keep it off")
         model_dir = env.get("MODEL_DIR", str(defaults["model_dir"]))
         mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
         volumes = {v["name"]: v for v in predictor.get("volumes", [])}

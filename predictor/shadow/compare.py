@@ -18,10 +18,7 @@ import io
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 # numpy, orjson and boto3 are imported where used: the CLI builds its parser from Thresholds before
 # `serve` starts its cold-start download, and must not pay for them there.
@@ -307,41 +304,118 @@ def compare(
     return report
 
 
-def _judge(r: Report, t: Thresholds) -> list[str]:
-    reasons = []
-    if r.match_rate < t.min_match_rate:
-        reasons.append(f"match rate {r.match_rate:.1%} < {t.min_match_rate:.1%}: the canary missed requests")
-    for name, (s, c), limit in (
-        ("p50", r.latency_p50_s, t.max_p50_increase),
-        ("p99", r.latency_p99_s, t.max_p99_increase),
-    ):
-        if s > 0 and c > s * (1 + limit):
-            reasons.append(
-                f"latency {name} {c * 1e3:.0f} ms vs {s * 1e3:.0f} ms (+{c / s - 1:.0%} > +{limit:.0%})"
-            )
-    if r.error_rate[1] - r.error_rate[0] > t.max_error_rate_increase:
-        reasons.append(
-            f"error rate {r.error_rate[1]:.1%} vs {r.error_rate[0]:.1%} (+{r.error_rate[1] - r.error_rate[0]:.1%} "
-            f"> +{t.max_error_rate_increase:.1%})"
+@dataclass(frozen=True)
+class Check:
+    """One threshold against its measurement: what the HTML report tabulates and FAIL's reasons list."""
+
+    name: str
+    field: str | None  # the Thresholds field it tests (None: a consistency check with no knob)
+    measured: str
+    limit: str
+    passed: bool | None  # None: nothing to measure (no successful pairs, no fingerprints)
+    reason: str = ""  # set when it failed
+
+    @property
+    def outcome(self) -> str:
+        return {True: "PASS", False: "FAIL", None: "n/a"}[self.passed]
+
+
+def checks(r: Report, t: Thresholds) -> list[Check]:
+    out = [
+        Check(
+            "match rate",
+            "min_match_rate",
+            f"{r.match_rate:.1%}",
+            f">= {t.min_match_rate:.1%}",
+            r.match_rate >= t.min_match_rate,
+            f"match rate {r.match_rate:.1%} < {t.min_match_rate:.1%}: the canary missed requests",
         )
-    if r.duration_ratio is not None and abs(r.duration_ratio - 1) > t.max_duration_change:
-        reasons.append(f"duration ratio {r.duration_ratio:.3f} outside 1 ± {t.max_duration_change:g}")
-    if r.mcd_p50_db is not None and r.mcd_p50_db > t.max_mcd_p50_db:
-        reasons.append(f"spectral distance p50 {r.mcd_p50_db:.2f} dB > {t.max_mcd_p50_db:g} dB")
-    if r.mcd_p95_db is not None and r.mcd_p95_db > t.max_mcd_p95_db:
-        reasons.append(f"spectral distance p95 {r.mcd_p95_db:.2f} dB > {t.max_mcd_p95_db:g} dB")
+    ]
+    for name, (s, c), limit, knob in (
+        ("p50", r.latency_p50_s, t.max_p50_increase, "max_p50_increase"),
+        ("p99", r.latency_p99_s, t.max_p99_increase, "max_p99_increase"),
+    ):
+        measurable = s > 0 and not math.isnan(c)  # NaN: no pair succeeded on both sides
+        out.append(
+            Check(
+                f"latency {name}",
+                knob,
+                f"{c * 1e3:.0f} ms vs {s * 1e3:.0f} ms ({_delta((s, c))})" if measurable else "-",
+                f"<= +{limit:.0%}",
+                not c > s * (1 + limit) if measurable else None,
+                f"latency {name} {c * 1e3:.0f} ms vs {s * 1e3:.0f} ms (+{c / s - 1:.0%} > +{limit:.0%})"
+                if measurable
+                else "",
+            )
+        )
+    increase = r.error_rate[1] - r.error_rate[0]
+    out.append(
+        Check(
+            "error rate",
+            "max_error_rate_increase",
+            f"{r.error_rate[1]:.1%} vs {r.error_rate[0]:.1%}",
+            f"<= +{t.max_error_rate_increase:.1%}",
+            increase <= t.max_error_rate_increase,
+            f"error rate {r.error_rate[1]:.1%} vs {r.error_rate[0]:.1%} (+{increase:.1%} "
+            f"> +{t.max_error_rate_increase:.1%})",
+        )
+    )
+    ratio = r.duration_ratio
+    out.append(
+        Check(
+            "duration ratio",
+            "max_duration_change",
+            "-" if ratio is None else f"{ratio:.3f}",
+            f"1 ± {t.max_duration_change:g}",
+            None if ratio is None else abs(ratio - 1) <= t.max_duration_change,
+            "" if ratio is None else f"duration ratio {ratio:.3f} outside 1 ± {t.max_duration_change:g}",
+        )
+    )
+    for name, value, limit, knob in (
+        ("p50", r.mcd_p50_db, t.max_mcd_p50_db, "max_mcd_p50_db"),
+        ("p95", r.mcd_p95_db, t.max_mcd_p95_db, "max_mcd_p95_db"),
+    ):
+        out.append(
+            Check(
+                f"spectral distance {name}",
+                knob,
+                "-" if value is None else f"{value:.2f} dB",
+                f"<= {limit:g} dB",
+                None if value is None else value <= limit,
+                "" if value is None else f"spectral distance {name} {value:.2f} dB > {limit:g} dB",
+            )
+        )
     for name, label in MOS_NAMES.items():
         m = r.mos.get(name)
-        if t.max_mos_drop is not None and m is not None and -m.diff_mean > t.max_mos_drop:
-            reasons.append(
+        drop_limit = t.max_mos_drop  # None: not judged unless asked (records may carry no MOS)
+        out.append(
+            Check(
+                f"{label} (paired)",
+                "max_mos_drop",
+                "-" if m is None else f"{m.diff_mean:+.2f} ± {m.diff_ci:.2f} ({m.pairs} pairs)",
+                "off" if drop_limit is None else f"drop <= {drop_limit:g}",
+                None if m is None or drop_limit is None else -m.diff_mean <= drop_limit,
                 f"{label} dropped {-m.diff_mean:.2f} ± {m.diff_ci:.2f} "
-                f"({m.stable_mean:.2f} -> {m.canary_mean:.2f}, {m.pairs} pairs) > {t.max_mos_drop:g}"
+                f"({m.stable_mean:.2f} -> {m.canary_mean:.2f}, {m.pairs} pairs) > {drop_limit:g}"
+                if m is not None and drop_limit is not None
+                else "",
             )
-    if r.text_mismatches:
-        reasons.append(
-            f"{r.text_mismatches} matched requests carry different texts: request ids are not unique"
         )
-    return reasons
+    out.append(
+        Check(
+            "distinct texts per id",
+            None,
+            f"{r.text_mismatches} mismatched",
+            "0",
+            r.text_mismatches == 0,
+            f"{r.text_mismatches} matched requests carry different texts: request ids are not unique",
+        )
+    )
+    return out
+
+
+def _judge(r: Report, t: Thresholds) -> list[str]:
+    return [c.reason for c in checks(r, t) if c.passed is False]
 
 
 def format_report(r: Report) -> str:
@@ -394,7 +468,7 @@ def _delta(pair: tuple[float, float]) -> str:
     return f"{(c - s) * 1e3:+.0f} ms, {c / s - 1:+.1%}"
 
 
-# --- the plot ----------------------------------------------------------------------------------
+# --- the plot and the page -------------------------------------------------------------------
 def _plot_mos(ax: Any, report: Report) -> None:
     """Canary's MOS against stable's, a point per pair scored on both sides; below the diagonal: worse."""
     values: list[float] = []
@@ -419,19 +493,17 @@ def _plot_mos(ax: Any, report: Report) -> None:
     ax.grid(alpha=0.3)
 
 
-def write_png(report: Report, out: Path) -> None:
-    """Latency CDFs (stable vs canary), the distance histogram and MOS per pair; written atomically."""
+def render_png(report: Report) -> bytes:
+    """Latency CDFs (stable vs canary), the distance histogram and MOS per pair, as PNG bytes."""
     import numpy as np
 
     try:
         import matplotlib
     except ImportError:
-        raise CompareError("--png needs matplotlib: pip install 'tts-predictor[compare]'") from None
+        raise CompareError("--png and --html need matplotlib: pip install 'tts-predictor[compare]'") from None
 
     matplotlib.use("Agg")  # no display in CI
     import matplotlib.pyplot as plt
-
-    from predictor.storage.files import atomic_write_bytes
 
     fig, (ax_lat, ax_mcd, ax_mos) = plt.subplots(1, 3, figsize=(16, 4))
     for name, xs in (("stable", report.latencies[0]), ("canary", report.latencies[1])):
@@ -457,4 +529,83 @@ def write_png(report: Report, out: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    atomic_write_bytes(out, buf.getvalue())
+    return buf.getvalue()
+
+
+def write_png(report: Report, out: Path) -> None:
+    """The plot of render_png, written atomically."""
+    from predictor.storage.files import atomic_write_bytes
+
+    atomic_write_bytes(out, render_png(report))
+
+
+def write_html(
+    report: Report, thresholds: Thresholds, out: Path, flags: dict[str, str] | None = None
+) -> None:
+    """One self-contained page: verdict, reasons, each threshold with its measurement, the plot.
+
+    ``flags`` maps a Thresholds field to the CLI flag that sets it, so the page says which knob to turn.
+    """
+    from predictor.report.html import Figure, Page, Table
+
+    flags = flags or {}
+
+    def ms(x: float) -> str:
+        return "-" if math.isnan(x) else f"{x * 1e3:.0f} ms"
+
+    def opt(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    r = report
+    overview = Table(
+        "Both revisions, over the requests both answered",
+        ("", "stable", "canary", "change"),
+        [
+            ("revision", r.stable_revision, r.canary_revision, ""),
+            (
+                "records",
+                str(r.stable_records),
+                str(r.canary_records),
+                f"{r.matched} matched ({r.match_rate:.1%})",
+            ),
+            ("latency p50", ms(r.latency_p50_s[0]), ms(r.latency_p50_s[1]), _delta(r.latency_p50_s)),
+            ("latency p99", ms(r.latency_p99_s[0]), ms(r.latency_p99_s[1]), _delta(r.latency_p99_s)),
+            ("error rate", f"{r.error_rate[0]:.1%}", f"{r.error_rate[1]:.1%}", ""),
+            ("duration ratio (median canary/stable)", "", "", opt(r.duration_ratio, ".3f")),
+            (
+                "spectral distance p50 / p95",
+                "",
+                "",
+                f"{opt(r.mcd_p50_db, '.2f')} / {opt(r.mcd_p95_db, '.2f')} dB ({len(r.distances)} pairs)",
+            ),
+            *(
+                (
+                    f"{label} (mean ± 95 % CI)",
+                    f"{m.stable_mean:.2f} ± {m.stable_ci:.2f}",
+                    f"{m.canary_mean:.2f} ± {m.canary_ci:.2f}",
+                    f"paired {m.diff_mean:+.2f} ± {m.diff_ci:.2f} ({m.pairs} pairs)",
+                )
+                for label, m in ((MOS_NAMES[n], r.mos[n]) for n in MOS_NAMES if n in r.mos)
+            ),
+        ],
+    )
+    threshold_rows = [
+        (c.name, c.measured, c.limit, flags.get(c.field, "") if c.field else "", c.outcome)
+        for c in checks(r, thresholds)
+    ]
+    Page(
+        title=f"Canary verdict: {r.canary_revision} vs {r.stable_revision}",
+        verdict=r.passed,
+        reasons=r.reasons,
+        tables=[
+            overview,
+            Table("Thresholds", ("check", "measured", "limit", "flag", "result"), threshold_rows),
+        ],
+        figures=[
+            Figure(
+                "Latency CDFs (stable vs canary), the spectral distance histogram and DNSMOS per request",
+                render_png(r),
+            )
+        ],
+        footer="tts-predictor compare",
+    ).write(out)

@@ -1,0 +1,1 @@
+"""Reports for people: self-contained HTML pages that compare's verdict and simulate's run share."""
