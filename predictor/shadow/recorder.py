@@ -248,7 +248,11 @@ class Recorder:
         estimator = self._mos_estimator()
         if estimator is None:
             return {}
-        mos = estimator.estimate(audio, sample_rate)
+        try:
+            mos = estimator.estimate(audio, sample_rate)
+        except Exception:  # a failing estimate must not cost the record itself
+            log.exception("shadow records: the MOS estimate failed")
+            mos = None
         if mos is None:
             metrics.SHADOW_MOS.labels("unscored").inc()
             return {}
