@@ -16,6 +16,9 @@ that file line by line:
   and Slaney-normalized filters over rfftfreq bins), then `(power_to_db(ref=max, top_db=80) + 40) / 40`
   per segment: 900 frames x 120 bands; averaged over segments.
 
+We score the first segment only by default (DEFAULT_MAX_SEGMENTS, for cost); `max_segments=None`
+scores all of them and then equals speechmos's `dnsmos.run` (tests/test_quality.py holds its values).
+
 Our voices speak at 22.05 kHz: the clip goes through the project's band-limited resampler first.
 Bad input -- a non-finite sample, a clip under MIN_SECONDS, near-silence -- gives no score (None)
 and counts in tts_mos_unscored_total{reason}; it never raises. Samples beyond [-1, 1] are clipped
@@ -48,8 +51,9 @@ HOP_SAMPLES = SAMPLE_RATE  # one segment per second of audio
 # Shorter clips would be tiled more than nine times to fill one segment: the estimate would be of a
 # loop, not of speech. One second holds a short sentence ("Hello there.") of the default voice.
 MIN_SECONDS = 1.0
-# The P.835 network costs ~10 GFLOP per 9 s segment (0.5-3 s of one core here), and speechmos scores
-# one segment per second of audio, so a 4 s sentence (tiled to 16 s) would cost 8 passes. We score
+# A 9 s segment through both networks takes ~1-3 s of one core on our shared 2-CPU machine (measured
+# in `bench quality`), and speechmos scores one segment per second of audio, so a 4 s sentence (tiled
+# to 16 s) would cost 8 passes. We score
 # the first segment only by default: the same first segment speechmos scores (tests check it), so
 # one estimate costs one pass of each network whatever the clip's length.
 DEFAULT_MAX_SEGMENTS = 1
