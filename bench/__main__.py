@@ -1,4 +1,7 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|image|quality|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|streaming|quality|all]`: run the benchmarks, print a table, write JSON.
+
+`python -m bench gpu [--device cpu --small --no-compile]` is separate (bench/gpu.py): it needs a GPU,
+or runs as a CPU dry run.
 
 Every figure is compared with a baseline measured in the same run on the same machine, so the ratios
 mean something on a laptop, in CI, or on a node; absolute numbers are printed alongside.
@@ -22,7 +25,20 @@ from types import FrameType
 
 from bench.common import REPO, Row, Session, SuiteResult, log
 
-SUITES = ("coldstart", "latency", "engines", "serving", "fetch", "events", "shadow", "image", "quality")
+SUITES = (
+    "coldstart",
+    "latency",
+    "engines",
+    "serving",
+    "fetch",
+    "events",
+    "shadow",
+    "liveness",
+    "image",
+    "overload",
+    "streaming",
+    "quality",
+)
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
 
@@ -55,10 +71,22 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import quality
 
         return quality.run(session)
+    if name == "liveness":
+        from bench import liveness
+
+        return liveness.run(session)
+    if name == "overload":
+        from bench import overload
+
+        return overload.run(session, duration_s=args.overload_s)
     if name == "shadow":
         from bench import shadow
 
         return shadow.run(session, n=args.shadow_n)
+    if name == "streaming":
+        from bench import streaming
+
+        return streaming.run(session)
     from bench import fetch
 
     return fetch.run(
@@ -189,8 +217,16 @@ def _machine() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gpu"]:
+        from bench import gpu
+
+        return gpu.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("suite", nargs="?", default="all", choices=(*SUITES, "all"))
+    parser.add_argument(
+        "--overload-s", type=float, default=300.0, help="overload suite: seconds of 4x load (default 300)"
+    )
     parser.add_argument("--fetch-mib", type=int, default=1024, help="fetch artifact size, MiB (default 1024)")
     parser.add_argument("--fetch-files", type=int, default=4, help="files in the fetch artifact (default 4)")
     parser.add_argument(

@@ -90,7 +90,13 @@ def run(session: Session, requests: int = 40, concurrency: int = 2) -> SuiteResu
     events = [_event(t, f"{run_id}-{i}", f"s3://{BUCKET}/{run_id}/{i}.wav") for i, t in enumerate(texts)]
     plain = [lambda http, t=t: http.post("/v2/models/tts/infer", json=v2_request(t, **PARAMS)) for t in texts]
 
-    p = Predictor(session, session.path("model-events"), ENGINE="onnx", MAX_QUEUE="64")
+    p = Predictor(
+        session,
+        session.path("model-events"),
+        ENGINE="onnx",
+        MAX_QUEUE="64",
+        CE_OUTPUT_PREFIXES=f"s3://{BUCKET}",
+    )
     try:
         p.wait_ready()
         _closed_loop(p.url, plain[: min(4, requests)], 1)  # warm the route and the S3 client's imports alike

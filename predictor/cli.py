@@ -104,7 +104,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
                 args.storage_uri,
                 model_dir,
                 **fetching.FetchOptions.from_settings(settings).as_kwargs(),
-                engine=settings.engine,
+                engine=settings.engine_name,
             )
         elif not args.model_dir:
             from predictor.artifact import publish
@@ -285,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--model-dir", help="an artifact dir (default: the packaged voice)")
     p.add_argument("--storage-uri", help="fetch the artifact from here first")
-    p.add_argument("--engine", choices=["torch", "onnx"], help="default: ENGINE, else torch")
+    p.add_argument(
+        "--engine", choices=["torch", "onnx"], help="default: ENGINE (auto: onnx on CPU, torch on CUDA)"
+    )
     p.add_argument("--length-scale", type=float)
     p.add_argument("--noise-scale", type=float)
     p.add_argument("--noise-w", type=float)
@@ -358,12 +360,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[command](args)
     except ConfigError as exc:
-        print(f"tts-predictor: {exc}", file=sys.stderr)
+        _fatal(command, f"tts-predictor: {exc}")
         return 2
     except Exception as exc:
         from predictor.errors import PredictorError
 
         if isinstance(exc, PredictorError):
-            print(f"tts-predictor {command}: {exc}", file=sys.stderr)
+            _fatal(command, f"tts-predictor {command}: {exc}")
             return 1
         raise
+
+
+def _fatal(command: str, message: str) -> None:
+    """The last words of a failed command: through the log when serving (so LOG_FORMAT=json stays one
+    JSON object per line for log collectors), plainly on stderr for the one-shot commands."""
+    if command == "serve":
+        log.critical(message)
+    else:
+        print(message, file=sys.stderr)

@@ -8,11 +8,30 @@ with a message naming the variable; nothing else in the package reads os.environ
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+
+# OpenAI's built-in speech voices; VOICE_ALIASES maps them by default, so OpenAI clients work unchanged.
+OPENAI_VOICES = (
+    "alloy",
+    "ash",
+    "ballad",
+    "coral",
+    "echo",
+    "fable",
+    "nova",
+    "onyx",
+    "sage",
+    "shimmer",
+    "verse",
+    "marin",
+    "cedar",
+)
 
 
 class ConfigError(Exception):
@@ -24,6 +43,12 @@ class Settings(BaseSettings):
 
     # --- identity and ports (KServe defaults) ---
     model_name: str = Field("tts", description="Model name in the v1/v2 routes.")
+    model_version: str = Field(
+        "1",
+        min_length=1,
+        description="The one model version served: v2 versioned routes and gRPC version fields naming it "
+        "answer as unversioned ones, any other version is 404 / NOT_FOUND.",
+    )
     http_port: int = Field(8080, ge=1, le=65535, description="REST port (KServe default).")
     grpc_port: int = Field(8081, ge=0, le=65535, description="gRPC port (KServe default); 0 disables.")
 
@@ -47,10 +72,26 @@ class Settings(BaseSettings):
     fetch_backoff_s: float = Field(
         0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry."
     )
+    s3_read_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=600,
+        description="Seconds an S3 connection may stay silent before it counts as dropped (fetch: the part "
+        "is retried from where it stopped; event outputs: 503; shadow sink: retried, then lost).",
+    )
+    fetch_recovery_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds between whole fetches once the retries are spent: the model stays not ready "
+        "and the fetch starts again (resuming what is on disk) until storage answers, without a restart.",
+    )
 
     # --- engine ---
-    engine: Literal["torch", "onnx"] = Field(
-        "torch", description="torch: our native PyTorch VITS; onnx: onnxruntime on the exported graph."
+    engine: Literal["auto", "torch", "onnx"] = Field(
+        "auto",
+        description="torch: our native PyTorch VITS; onnx: onnxruntime on Piper's graph; auto: the one "
+        "measured fastest on DEVICE (onnx on CPU, torch on CUDA or when DTYPE/COMPILE ask for torch).",
     )
     device: str = Field("cpu", description="cpu, cuda or cuda:N (CUDA_VISIBLE_DEVICES is honoured).")
     dtype: Literal["fp32", "bf16", "fp16"] = Field(
@@ -84,6 +125,32 @@ class Settings(BaseSettings):
         300, ge=20, le=5000, description="Longest segment the speech route cuts a text into, characters."
     )
     crossfade_ms: float = Field(50.0, ge=0, le=500, description="Overlap between consecutive segments, ms.")
+    # --- streaming: the decoder runs over latent-frame windows (hop_length samples per frame, 11.6 ms
+    # for a 22,050 Hz voice with hop 256); each window also decodes the receptive field on both sides.
+    stream_first_window_frames: int = Field(
+        24,
+        ge=1,
+        le=1000,
+        description="Frames of a stream's first decoder window (24 = 0.28 s at 22,050 Hz): the first "
+        "audio waits for text encoder, durations, flow and this much decoding.",
+    )
+    stream_window_frames: int = Field(
+        192,
+        ge=8,
+        le=10_000,
+        description="Frames of each later decoder window (192 = 2.2 s): larger costs fewer context "
+        "frames (twice the receptive field per window, ~26) but leaves the engine in longer steps.",
+    )
+    model_aliases: list[str] = Field(
+        ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"],
+        description="Model names the speech route accepts besides MODEL_NAME (OpenAI's, so OpenAI "
+        "clients work unchanged); JSON list.",
+    )
+    voice_aliases: dict[str, str] = Field(
+        dict.fromkeys(OPENAI_VOICES, ""),
+        description="Voice names the speech route accepts and the voice each stands for (empty: the "
+        "model's default voice); JSON object. Default: OpenAI's voices, so OpenAI clients work unchanged.",
+    )
 
     # --- batcher: one engine thread behind a bounded queue ---
     max_batch_size: int = Field(
@@ -99,8 +166,51 @@ class Settings(BaseSettings):
     max_queue: int = Field(
         32, ge=1, description="Requests waiting for the engine; one more is refused at once (503)."
     )
+    memory_trim: bool = Field(
+        True,
+        description="When the last request in flight is answered, give the heap memory it freed back to "
+        "the kernel (glibc malloc_trim), so resident memory returns to its idle size instead of staying "
+        "at its peak.",
+    )
     request_timeout_s: float = Field(
         30.0, gt=0, description="A request still queued after this long is dropped (503), seconds."
+    )
+
+    # --- connection limits: what one client may cost the pod, REST and gRPC ---
+    max_request_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body (REST) or message (gRPC), bytes; a larger one is refused with 413 "
+        "(RESOURCE_EXHAUSTED) before it is read in full or parsed. The largest valid request, "
+        "MAX_BATCH_ITEMS texts of MAX_TEXT_CHARS characters JSON-escaped, is about 2 MB.",
+    )
+    max_header_bytes: int = Field(
+        16 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers; gRPC metadata), bytes; beyond it "
+        "431 (h11), or the gRPC stream is reset. Bounds what a client that never finishes its headers holds.",
+    )
+    max_header_count: int = Field(
+        100, ge=8, description="Most request headers (REST); one more is refused with 431, headers."
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest a client may take to send its request body, seconds; then 408 and the "
+        "connection is closed. A client sending one byte a second holds a socket, never the engine.",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Most concurrent HTTP connections and in-progress requests (uvicorn limit_concurrency) "
+        "and concurrent gRPC calls; beyond it 503 / RESOURCE_EXHAUSTED. Bounds sockets and memory, "
+        "not synthesis (MAX_QUEUE does that).",
+    )
+    keepalive_timeout_s: float = Field(
+        65.0,
+        gt=0,
+        description="How long an idle keep-alive connection is held, seconds (KServe's default; above "
+        "the 60 s idle timeout of common load balancers, so they close first).",
     )
 
     # --- lifecycle ---
@@ -173,6 +283,12 @@ class Settings(BaseSettings):
         description="Largest encoded audio an event reply carries inline (base64 adds a third on the wire), bytes; "
         "a larger result is refused with 413 asking for data.output. Brokers cap event size (Kafka: 1 MB by default).",
     )
+    ce_output_prefixes: str = Field(
+        "",
+        description="Comma-separated s3://bucket/prefix locations an event's data.output may name; an "
+        "output anywhere else is refused with 403 before storage is touched. Empty: no event may write "
+        "(inline replies only), so an event cannot aim the pod's credentials at any bucket they reach.",
+    )
     ce_output_part_size_mib: int = Field(
         8,
         ge=5,
@@ -202,6 +318,14 @@ class Settings(BaseSettings):
             return v
         raise ValueError("must be cpu, cuda or cuda:N")
 
+    @field_validator("stream_window_frames")
+    @classmethod
+    def _window_frames(cls, v: int, info: ValidationInfo) -> int:
+        first = info.data.get("stream_first_window_frames")
+        if first is not None and v < first:
+            raise ValueError(f"must be at least STREAM_FIRST_WINDOW_FRAMES ({first})")
+        return v
+
     @field_validator("ce_reply_type")
     @classmethod
     def _reply_differs(cls, v: str, info: ValidationInfo) -> str:
@@ -224,6 +348,30 @@ class Settings(BaseSettings):
         if "://" in v and not v.startswith(("s3://", "file://")):
             raise ValueError("must be empty, stdout, s3://bucket/prefix or a local directory")
         return v
+
+    @field_validator("ce_output_prefixes")
+    @classmethod
+    def _output_prefixes(cls, v: str) -> str:
+        for prefix in filter(None, (p.strip() for p in v.split(","))):
+            rest = prefix[len("s3://") :] if prefix.startswith("s3://") else ""
+            if not rest.split("/", 1)[0]:
+                raise ValueError(f"{prefix!r} is not s3://bucket or s3://bucket/prefix")
+        return v
+
+    @property
+    def output_prefixes(self) -> list[str]:
+        """CE_OUTPUT_PREFIXES as directory URIs ending in "/": s3://b/out allows s3://b/out/x, not s3://b/outer."""
+        return [p.strip().rstrip("/") + "/" for p in self.ce_output_prefixes.split(",") if p.strip()]
+
+    @property
+    def engine_name(self) -> str:
+        """ENGINE with auto resolved: onnxruntime measured fastest on CPU (bench engines: torch took
+        1.4-1.8x as long), torch on CUDA, and torch whenever DTYPE or COMPILE ask for it."""
+        if self.engine != "auto":
+            return self.engine
+        if self.device.startswith("cuda") or self.dtype != "fp32" or self.compile:
+            return "torch"
+        return "onnx"
 
     @property
     def revision_name(self) -> str:
@@ -274,3 +422,8 @@ def load_settings(**overrides: Any) -> Settings:
             var = str(err["loc"][0]).upper() if err["loc"] else "?"
             problems.append(f"{var}: {err['msg']} (got {err.get('input')!r})")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    except SettingsError as exc:
+        # A list or dict variable that is not JSON fails before validation, naming the field.
+        field = re.search(r'field "([^"]+)"', str(exc))
+        var = field.group(1).upper() if field else "?"
+        raise ConfigError(f"invalid configuration: {var}: not valid JSON ({exc.__cause__})") from None

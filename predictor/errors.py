@@ -29,6 +29,38 @@ class BadRequest(PredictorError):
     grpc_status = "INVALID_ARGUMENT"
 
 
+class NothingToSpeak(BadRequest):
+    """The text has nothing espeak-ng can pronounce (only punctuation, symbols it skips): the same 400 on
+    every route and format, never an empty or unplayable file."""
+
+
+class NotFound(PredictorError):
+    """A model or model version this server does not serve."""
+
+    http_status = 404
+    grpc_status = "NOT_FOUND"
+
+
+class Forbidden(PredictorError):
+    """The request asks for something this deployment does not allow (an event output outside
+    CE_OUTPUT_PREFIXES); retrying cannot help, and nothing was written."""
+
+    http_status = 403
+    grpc_status = "PERMISSION_DENIED"
+
+
+class PayloadTooLarge(BadRequest):
+    """The request body is over MAX_REQUEST_BYTES: refused before it is read in full or parsed."""
+
+    http_status = 413
+
+
+class RequestTimeout(BadRequest):
+    """The client took longer than BODY_TIMEOUT_S to send its body: its connection is not worth holding."""
+
+    http_status = 408
+
+
 class NotReady(PredictorError):
     """The model is not warm yet, or the server is draining: try another replica or later."""
 
@@ -37,27 +69,44 @@ class NotReady(PredictorError):
 
 
 class StorageError(PredictorError):
-    """Fetching the artifact failed."""
+    """Fetching the artifact failed.
+
+    ``reason`` is the bounded label of `tts_cold_start_failures_total`: why a pod is not ready.
+    """
 
     retryable = False
+    reason = "storage"
 
 
 class TransientStorageError(StorageError):
     """A failure a retry can fix: connection dropped, 5xx, throttling."""
 
     retryable = True
+    reason = "unreachable"
 
 
 class ArtifactNotFound(StorageError):
     """The manifest or an object it names does not exist."""
 
+    reason = "not_found"
+
 
 class IntegrityError(StorageError):
     """A file's size or sha256 differs from the manifest."""
 
+    reason = "integrity"
+
 
 class UnsafePath(StorageError):
     """A manifest entry would land outside MODEL_DIR."""
+
+    reason = "unsafe_path"
+
+
+class ModelDirError(StorageError):
+    """MODEL_DIR cannot take the artifact: full, read-only, or not ours to write."""
+
+    reason = "model_dir"
 
 
 class ReplyTooLarge(BadRequest):

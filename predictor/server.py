@@ -29,7 +29,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.exceptions import FastAPIDeprecationWarning
+from fastapi.exceptions import FastAPIDeprecationWarning, RequestValidationError
 from grpc import aio
 from kserve.errors import ModelNotReady, ServerNotReady
 from kserve.model_repository import ModelRepository
@@ -39,18 +39,26 @@ from kserve.protocol.grpc.servicer import InferenceServicer
 from kserve.protocol.model_repository_extension import ModelRepositoryExtension
 from kserve.protocol.rest.server import RESTServer
 from opentelemetry import trace
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from predictor.api import pages, speech, v1, v2
-from predictor.api.handlers import not_ready_response, predictor_error_response
-from predictor.api.v2 import TTSModel
+from predictor.api import openapi, pages, speech, v1, v2
+from predictor.api.handlers import (
+    http_exception_response,
+    not_ready_response,
+    predictor_error_response,
+    validation_error_response,
+)
+from predictor.api.stream_infer import StreamInferHandler
+from predictor.api.v2 import TTSModel, require_version
 from predictor.audio import quality
 from predictor.config import ConfigError, Settings
 from predictor.errors import PredictorError, StorageError
 from predictor.events.outputs import OutputStore
 from predictor.observability import metrics, tracing
+from predictor.serving import coldstart
 from predictor.serving.coldstart import ColdStart, process_age_s
 from predictor.serving.interceptor import GrpcInterceptor
-from predictor.serving.middleware import RequestMiddleware
+from predictor.serving.middleware import Limits, RequestMiddleware
 from predictor.serving.service import TTSService
 from predictor.shadow import recorder as records
 from predictor.shadow import sinks
@@ -97,6 +105,12 @@ class _RESTServer(RESTServer):
         self._service = service
         self._settings = settings
         self._recorder = recorder
+        # h11, not httptools: h11 bounds the request head (MAX_HEADER_BYTES; beyond it 400), httptools
+        # does not. Its cost is parsing only, microseconds against a synthesis' hundreds of milliseconds.
+        self.config.http = "h11"
+        self.config.h11_max_incomplete_event_size = settings.max_header_bytes
+        self.config.limit_concurrency = settings.max_connections
+        self.config.timeout_keep_alive = int(settings.keepalive_timeout_s)
         self._server = _Uvicorn(self.config)
 
     def stop(self, grace_s: float) -> None:
@@ -113,6 +127,12 @@ class _RESTServer(RESTServer):
             revision=self._settings.revision_name,
             recorder=self._recorder,
             routes=SYNTHESIS_ROUTES,
+            limits=Limits(
+                max_body_bytes=self._settings.max_request_bytes,
+                max_header_bytes=self._settings.max_header_bytes,
+                max_header_count=self._settings.max_header_count,
+                body_timeout_s=self._settings.body_timeout_s,
+            ),
             service=self._service,
         )
 
@@ -120,6 +140,13 @@ class _RESTServer(RESTServer):
         # Registered before KServe's routes, so these win where paths coincide.
         add_routes(app, self._service, self._settings)
         super()._register_endpoints(app)
+        # `GET /v2/` answers as `/v2` (server metadata) instead of Starlette's redirect to it.
+        dataplane = self.dataplane
+
+        async def server_metadata() -> dict[str, Any]:
+            return dict(dataplane.metadata())
+
+        app.add_api_route("/v2/", server_metadata, methods=["GET"], include_in_schema=False)
 
     def _add_exception_handlers(self, app: FastAPI) -> None:
         super()._add_exception_handlers(app)
@@ -127,6 +154,31 @@ class _RESTServer(RESTServer):
         # KServe logs a traceback for every not-ready answer: one per probe during each cold start.
         app.add_exception_handler(ModelNotReady, not_ready_response)
         app.add_exception_handler(ServerNotReady, not_ready_response)
+        # FastAPI answers unknown routes, wrong methods and its own validation with {"detail"}; the
+        # protocol's error body is {"error"}, everywhere.
+        app.add_exception_handler(StarletteHTTPException, http_exception_response)
+        app.add_exception_handler(RequestValidationError, validation_error_response)
+
+
+class _Servicer(InferenceServicer):
+    """KServe's servicer, with version fields checked as the REST routes check them: empty or the served
+    version answers, another is NOT_FOUND (KServe ignores them)."""
+
+    def __init__(self, dataplane: DataPlane, extension: ModelRepositoryExtension, version: str):
+        super().__init__(dataplane, extension)
+        self._version = version
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        require_version(request.model_version, self._version)
+        return await super().ModelInfer(request, context)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        require_version(request.version, self._version)
+        return await super().ModelReady(request, context)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        require_version(request.version, self._version)
+        return await super().ModelMetadata(request, context)
 
 
 class _GRPCServer:
@@ -136,18 +188,29 @@ class _GRPCServer:
         dataplane: DataPlane,
         extension: ModelRepositoryExtension,
         interceptor: GrpcInterceptor,
+        settings: Settings,
+        stream_infer: StreamInferHandler,
     ):
         self._port = port
         self._server = aio.server(
             interceptors=(interceptor,),
+            # Beyond it a call gets RESOURCE_EXHAUSTED at once, as REST's 503 beyond MAX_CONNECTIONS.
+            maximum_concurrent_rpcs=settings.max_connections,
             options=[
                 ("grpc.max_send_message_length", 256 << 20),
-                ("grpc.max_receive_message_length", 64 << 20),
+                # The same bounds as REST: a message is read in full before any handler runs, so this
+                # is what one call may hold in memory; metadata is the request head.
+                ("grpc.max_receive_message_length", settings.max_request_bytes),
+                ("grpc.max_metadata_size", settings.max_header_bytes),
+                # Idle connections are closed as REST's keep-alive ones are.
+                ("grpc.max_connection_idle_ms", int(settings.keepalive_timeout_s * 1000)),
             ],
         )
         grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(dataplane, extension), self._server
+            _Servicer(dataplane, extension, settings.model_version), self._server
         )
+        # Triton's ModelStreamInfer, which KServe's servicer lacks, on the same service name.
+        self._server.add_generic_rpc_handlers((stream_infer,))
         self._server.add_insecure_port(f"[::]:{port}")
 
     async def start(self) -> None:
@@ -160,6 +223,7 @@ class _GRPCServer:
 
 
 def add_routes(app: FastAPI, service: TTSService, settings: Settings) -> None:
+    app.include_router(openapi.router(settings))
     if settings.playground:
         # Before KServe's routes: its `/` (a liveness answer) gives way to the page.
         app.include_router(pages.router())
@@ -206,6 +270,8 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
         "model ready",
         extra={
             "model": settings.model_name,
+            # ENGINE=auto is resolved at start; say which engine that made, and why it could.
+            "engine": f"{settings.engine_name} (ENGINE={settings.engine}, DEVICE={settings.device})",
             "artifact": f"{done.manifest.name}@{done.manifest.version}",
             "cold_start_s": round(total, 3),
             "phases_s": {p: round((t1 - t0) / 1e9, 3) for p, (t0, t1) in done.phases_ns.items()},
@@ -218,7 +284,7 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
 # --- main ------------------------------------------------------------------------------------
 def _recorder(settings: Settings) -> records.Recorder | None:
     try:
-        sink = sinks.open_sink(settings.shadow_sink, settings.revision_name)
+        sink = sinks.open_sink(settings.shadow_sink, settings.revision_name, settings.s3_read_timeout_s)
     except (StorageError, OSError) as exc:  # OSError: a local directory that cannot be created
         raise ConfigError(f"invalid configuration: SHADOW_SINK: {exc}") from None
     if sink is None:
@@ -273,6 +339,8 @@ async def run(settings: Settings, cold_start: Future) -> bool:
             dataplane,
             extension,
             GrpcInterceptor(settings.revision_name, recorder, service),
+            settings,
+            StreamInferHandler(service, settings.model_name),
         )
         servers.append(asyncio.create_task(grpc_server.start(), name="grpc"))
 
@@ -289,10 +357,16 @@ async def run(settings: Settings, cold_start: Future) -> bool:
         for task in done:
             error = task.exception() if task is not stopping else None
             if error is not None:
+                if grpc_server:
+                    # Stopped here, on the running loop: left to the garbage collector, grpc's
+                    # Server.__del__ runs after the loop closed and prints a traceback outside the log.
+                    with contextlib.suppress(Exception, asyncio.CancelledError):
+                        await grpc_server.stop(grace_s=0)
                 for other in pending:
                     other.cancel()
                 raise error
     log.info("draining", extra={"timeout_s": settings.drain_timeout_s})
+    coldstart.abandon()
     finished = await service.drain(settings.drain_timeout_s)
     warm.cancel()
     rest.stop(grace_s=1.0)

@@ -58,7 +58,7 @@ _WIDE_WIDTHS = frozenset("WF")
 def normalize(text: str) -> str:
     """Text in the form espeak-ng reads best, with line breaks kept (each one ends a segment).
 
-    NFC composition; control characters become spaces and invisible in-word characters are removed;
+    NFC composition; control characters (NUL included) and lone surrogates become spaces and invisible in-word characters are removed;
     curly quotes become ASCII quotes; a dash between words becomes a comma pause (between digits, a
     hyphen: "1990–2000" is a range); runs of spaces become one space, runs of whitespace containing a
     line break become one newline; the ends are stripped. CJK text is not changed.
@@ -78,7 +78,10 @@ def _clean_char(ch: str) -> str:
     # Whitespace controls (tab, newline, ...) are handled with the rest of the whitespace. Any other
     # control character becomes a space rather than nothing: it usually separates fields, and gluing
     # its neighbours together would invent a word.
-    if unicodedata.category(ch) == "Cc" and not ch.isspace():
+    # NUL included: espeak-ng reads C strings, so a NUL would silently cut the text short. Lone
+    # surrogates (Cs; JSON can carry "\ud800") cannot be encoded as UTF-8 for espeak-ng at all.
+    category = unicodedata.category(ch)
+    if (category == "Cc" and not ch.isspace()) or category == "Cs":
         return " "
     return ch
 
@@ -109,6 +112,19 @@ def _replace_dash(match: re.Match[str]) -> str:
 
 def _is_wide(ch: str) -> bool:
     return unicodedata.east_asian_width(ch) in _WIDE_WIDTHS
+
+
+# --- length bounds ---------------------------------------------------------------------------------
+
+# Seconds of speech per character of text, as an upper bound for ordinary prose: the default voice
+# measures about 0.06 s per character at length_scale 1. Text that reads much longer than it is
+# written (long digit strings: "1234567" is seven words) can exceed it.
+SPOKEN_SECONDS_PER_CHAR_BOUND = 0.1
+
+
+def spoken_seconds_bound(text: str, length_scale: float = 1.0) -> float:
+    """Seconds of audio ``text`` should not exceed at ``length_scale`` (see SPOKEN_SECONDS_PER_CHAR_BOUND)."""
+    return len(text) * SPOKEN_SECONDS_PER_CHAR_BOUND * length_scale
 
 
 # --- segmentation ----------------------------------------------------------------------------------
@@ -176,6 +192,11 @@ def _segments(text: str, max_chars: int) -> Iterator[str]:
         held, held_pronounceable = (start, end), pronounceable
     if held is not None:
         yield text[held[0] : held[1]]
+
+
+def has_pronounceable(text: str) -> bool:
+    """Whether ``text`` has anything espeak-ng may read: a text without is refused before synthesis."""
+    return any(_is_pronounceable(ch) for ch in text)
 
 
 def _is_pronounceable(ch: str) -> bool:

@@ -44,3 +44,15 @@ def v2_grpc_request(*texts: str, **string_parameters: str) -> Any:
     for key, value in string_parameters.items():
         request.parameters[key].string_param = value
     return request
+
+
+def cloudevent_headers(event_id: str, source: str = "/tests", **extensions: str) -> dict[str, str]:
+    """Binary-mode CloudEvent headers for a synthesis request (the JSON data goes in the body)."""
+    return {
+        "ce-specversion": "1.0",
+        "ce-type": "dev.tts-predictor.synthesize.v1",
+        "ce-source": source,
+        "ce-id": event_id,
+        "content-type": "application/json",
+        **{f"ce-{k}": v for k, v in extensions.items()},
+    }

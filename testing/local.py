@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                 "STORAGE_URI": args.voice_uri,
                 "MODEL_DIR": str(CACHE / "models" / "en_US-joe-medium"),
                 "LOG_FORMAT": "text",
+                # Event outputs (data.output) may go here and nowhere else; the bucket is not created.
+                "CE_OUTPUT_PREFIXES": "s3://tts-events",
                 # The page at / for a person trying the voice; every manifest leaves it off.
                 "PLAYGROUND": "true",
             }

@@ -35,6 +35,7 @@ class PredictorProcess(Child):
         http_port: int | None = None,
         grpc_port: int | None = None,
         name: str = "predictor",
+        user: int | None = None,
     ) -> None:
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
@@ -42,7 +43,7 @@ class PredictorProcess(Child):
         self.grpc = f"127.0.0.1:{self.grpc_port}"
         self.env = child_env({"HTTP_PORT": str(self.http_port), "GRPC_PORT": str(self.grpc_port), **env})
         self.client = httpx.Client(base_url=self.url, timeout=60)
-        super().__init__(name, SERVE, self.env, log_path)
+        super().__init__(name, SERVE, self.env, log_path, user=user)
 
     def get(self, path: str, timeout: float = 5.0) -> httpx.Response:
         return httpx.get(self.url + path, timeout=timeout)

@@ -35,6 +35,19 @@ def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     return {**base, **extra}
 
 
+def as_user(uid: int, argv: list[str]) -> list[str]:
+    """``argv`` run as ``uid`` (gid the same, no supplementary groups) through util-linux's setpriv.
+
+    It keeps one capability, CAP_DAC_READ_SEARCH: reading and traversing past permissions, so the
+    interpreter and venv of a developer machine (under a private /root here) can be read as an image's
+    are. Writing is untouched by it: the process may write only where ``uid`` may, which is what the
+    tests of an unprivileged server check.
+    """
+    caps = "+dac_read_search"
+    ids = [f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    return ["setpriv", *ids, f"--inh-caps={caps}", f"--ambient-caps={caps}", *argv]
+
+
 class Child:
     """A child process whose stdout and stderr go to ``log_path`` (or to this terminal when None)."""
 
@@ -45,10 +58,15 @@ class Child:
         env: Mapping[str, str],
         log_path: Path | None,
         cwd: Path = REPO,
+        user: int | None = None,
     ) -> None:
+        """``user``: run as this uid and gid, no supplementary groups, as a pod's runAsUser does (needs
+        root; see ``as_user``). The log file is opened here, so the child needs no right to write it."""
         self.name = name
         self.log_path = log_path
         self.started = time.perf_counter()
+        if user is not None:
+            argv = as_user(user, argv)
         if log_path is None:
             self.proc = subprocess.Popen(argv, env=dict(env), cwd=cwd)
         else:

@@ -17,6 +17,8 @@ from testing.process import Child, child_env
 REGION = "us-east-1"
 # The default voice's place in the local S3, as `make run` and the tests publish it.
 VOICE_URI = "s3://voices/en_US-joe-medium"
+# The same voice without inference noise (build_quiet_voice).
+QUIET_VOICE_URI = "s3://voices/en_US-joe-medium-quiet"
 # Variables that would override aws_env's endpoint or credentials if a developer's shell had them.
 AWS_OVERRIDES = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3")
 # A secret key the tests hand to predictors: it must never show up in a log line, span or metric.
@@ -66,6 +68,36 @@ def build_voice(out_dir: Path) -> Path:
     from predictor.artifact.publish import build_default_voice
 
     build_default_voice(out_dir)
+    return out_dir
+
+
+def build_quiet_voice(voice_dir: Path, out_dir: Path) -> Path:
+    """The artifact in ``voice_dir`` with its config's inference noise set to 0, in ``out_dir``.
+
+    The speech route takes no noise parameters, so its audio follows the voice's defaults; served
+    from this copy it is deterministic and can be compared with the engine's own output. The weights
+    are hard links (read-only here), config.json and manifest.json are rewritten.
+    """
+    import hashlib
+    import json
+
+    from predictor.artifact.manifest import MANIFEST, Manifest
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = Manifest.load(voice_dir / MANIFEST)
+    files = []
+    for entry in manifest.files:
+        target = out_dir / entry.path
+        if entry.path == "config.json":
+            config = json.loads((voice_dir / entry.path).read_text())
+            config["inference"] = {**config.get("inference", {}), "noise_scale": 0.0, "noise_w": 0.0}
+            data = json.dumps(config, indent=2).encode()
+            target.write_bytes(data)
+            entry = entry.model_copy(update={"size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        elif not target.exists():
+            os.link(voice_dir / entry.path, target)
+        files.append(entry)
+    (out_dir / MANIFEST).write_text(manifest.model_copy(update={"files": files}).dumps())
     return out_dir
 
 

@@ -1,7 +1,12 @@
-"""Shared fixtures: a real S3 (moto_server on a local port) and the default voice published to it."""
+"""Shared fixtures: a real S3 (moto_server on a local port) and the default voice published to it.
+
+At the end of the session every log the suite wrote is scanned (see ``_scan_logs``): the test
+credentials must appear in none, and every line a predictor wrote in JSON mode must parse as JSON.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -11,10 +16,57 @@ import httpx
 import pytest
 import yaml
 
+from testing.audio import ReferenceVoice
 from testing.ports import free_port
 from testing.predictor import PredictorProcess
 from testing.process import Child
-from testing.s3 import AWS_OVERRIDES, SECRET, VOICE_URI, MotoServer, aws_env, build_voice, publish_voice
+from testing.s3 import (
+    AWS_OVERRIDES,
+    QUIET_VOICE_URI,
+    SECRET,
+    VOICE_URI,
+    MotoServer,
+    aws_env,
+    build_quiet_voice,
+    build_voice,
+    publish_voice,
+)
+
+# Files the scan reads: what predictors, moto, Prometheus, nginx and shadow sinks write. Model
+# weights (tens of MB per predictor) are skipped: they are the published voice, not output.
+SCANNED_SUFFIXES = (".log", ".jsonl", ".json", ".txt", ".yml", ".conf")
+SCAN_MAX_BYTES = 50 * 2**20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scan_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After every test, passed or failed: no file the suite wrote holds the test secret key."""
+    yield
+    root = tmp_path_factory.getbasetemp()
+    leaks = [
+        str(path.relative_to(root))
+        for path in sorted(root.rglob("*"))
+        if path.suffix in SCANNED_SUFFIXES
+        and path.is_file()
+        and path.stat().st_size <= SCAN_MAX_BYTES
+        and SECRET.encode() in path.read_bytes()
+    ]
+    assert not leaks, f"the test secret key (testing/s3.py SECRET) was written to {leaks}"
+
+
+def not_json_lines(log: str) -> list[str]:
+    """The non-empty lines of a JSON-mode predictor's output (stderr and stdout) that are not JSON objects."""
+    bad = []
+    for line in log.splitlines():
+        if not line.strip():
+            continue
+        try:
+            if isinstance(json.loads(line), dict):
+                continue
+        except ValueError:
+            pass
+        bad.append(line)
+    return bad
 
 
 def _apply_aws_env(mp: pytest.MonkeyPatch, endpoint: str) -> None:
@@ -71,6 +123,11 @@ def start_predictor(
             "MODEL_DIR": str(tmp_path_factory.mktemp("model")),
             "MAX_TEXT_CHARS": "2000",
             "CPU_THREADS": "1",  # two predictors may share CI's two cores
+            # Where test events may write (test_events' bucket, and the one whose absence it tests).
+            "CE_OUTPUT_PREFIXES": "s3://event-outputs/jobs,s3://no-such-bucket-for-events",
+            # The suites were written for the engine that seeds and batches; ENGINE=auto (onnx on
+            # CPU) is tested where a test asks for it (ENGINE="auto").
+            "ENGINE": "torch",
         }
         log_path = tmp_path_factory.mktemp("logs") / "predictor.log"
         p = PredictorProcess({**base, **env}, log_path)
@@ -82,12 +139,59 @@ def start_predictor(
     yield start
     for p in started:
         p.stop()
+    # Every predictor of the session, the ones that failed their cold start included.
+    bad = {
+        str(p.log_path): lines[:3]
+        for p in started
+        if p.env.get("LOG_FORMAT", "json") == "json" and (lines := not_json_lines(p.logs()))
+    }
+    assert not bad, f"predictors in JSON mode wrote lines that are not JSON: {bad}"
 
 
 @pytest.fixture(scope="session")
 def predictor(start_predictor: Callable[..., PredictorProcess]) -> PredictorProcess:
     """One warm predictor shared by the protocol tests."""
     return start_predictor()
+
+
+@pytest.fixture(scope="session")
+def plain_predictor(
+    start_predictor: Callable[..., PredictorProcess], tmp_path_factory: pytest.TempPathFactory
+) -> PredictorProcess:
+    """A warm predictor with the settings no other one in the suite sets: LOG_FORMAT=text, SHADOW_SINK=
+    a directory (``.shadow_dir``), MAX_BATCH_ITEMS=2. One process for the three spares CI's two cores a
+    cold start per setting; each setting's test checks only its own behaviour."""
+    shadow_dir = tmp_path_factory.mktemp("shadow-dir")
+    p = start_predictor(
+        LOG_FORMAT="text",
+        SHADOW_SINK=str(shadow_dir),
+        SHADOW_FLUSH_S="0.2",
+        MAX_BATCH_ITEMS="2",
+        REVISION="rev-dir",
+    )
+    p.shadow_dir = shadow_dir  # type: ignore[attr-defined]
+    return p
+
+
+@pytest.fixture(scope="session")
+def reference(voice_dir: Path) -> ReferenceVoice:
+    """The packaged voice on an in-process engine: what served audio is compared with (testing/audio.py)."""
+    return ReferenceVoice(voice_dir)
+
+
+@pytest.fixture(scope="session")
+def quiet_predictor(
+    start_predictor: Callable[..., PredictorProcess],
+    s3_server: str,
+    voice_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> PredictorProcess:
+    """A warm predictor of the voice without inference noise, for routes that take no noise parameters."""
+    quiet = build_quiet_voice(voice_dir, tmp_path_factory.mktemp("quiet-voice"))
+    with pytest.MonkeyPatch.context() as mp:
+        _apply_aws_env(mp, s3_server)
+        uri = publish_voice(quiet, QUIET_VOICE_URI, s3_server)
+    return start_predictor(STORAGE_URI=uri)
 
 
 # --- Prometheus (the Debian package) as a real process ------------------------------------------

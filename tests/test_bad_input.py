@@ -177,3 +177,12 @@ def test_grpc_string_parameter_that_is_not_a_number_is_invalid_argument(predicto
         client.infer("tts", [text], parameters={"length_scale": "fast"})
 
     assert "length_scale" in caught.value.message()
+
+
+def test_more_texts_than_max_batch_items_get_400_naming_the_limit(plain_predictor):
+    at_limit = plain_predictor.post("/v2/models/tts/infer", json=v2_request("One.", "Two."))
+    over = plain_predictor.post("/v2/models/tts/infer", json=v2_request("One.", "Two.", "Three."))
+
+    assert at_limit.status_code == 200, at_limit.text
+    assert over.status_code == 400
+    assert "3 texts" in over.json()["error"] and "MAX_BATCH_ITEMS=2" in over.json()["error"]

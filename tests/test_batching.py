@@ -108,6 +108,8 @@ def test_grpc_overload_is_unavailable(start_predictor):
 
 def test_requests_queued_past_the_timeout_are_dropped(start_predictor):
     predictor = start_predictor(REQUEST_TIMEOUT_S="0.5")
+    counters = ("tts_synthesis_seconds_count", "tts_batch_size_count", "tts_audio_seconds_count")
+    before = {name: predictor.metric(name) for name in counters}
 
     results = concurrently(
         predictor, [v2_request(LONG), v2_request("Waiting."), v2_request("Also waiting.")], stagger_s=0.05
@@ -117,4 +119,9 @@ def test_requests_queued_past_the_timeout_are_dropped(start_predictor):
     dropped = [r for r in results[1:] if r.status_code == 503]
     assert dropped and all("REQUEST_TIMEOUT_S" in r.json()["error"] for r in dropped)
     assert predictor.metric("tts_rejected_requests_total", reason="timeout") == len(dropped)
+    # Dropped before they cost engine time: the engine ran (and counted) only the answered requests.
+    answered = sum(r.status_code == 200 for r in results)
+    assert {name: predictor.metric(name) - before[name] for name in counters} == dict.fromkeys(
+        counters, answered
+    )
     assert predictor.metric("tts_queue_wait_seconds_count") >= 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -43,10 +44,24 @@ def test_quota_above_the_affinity_mask_is_capped(tmp_path):
     assert container_cpus(tmp_path) == HOST
 
 
-@pytest.mark.parametrize(("value", "expected"), [("0", None), ("3", 3)])
-def test_cpu_threads_setting_overrides_the_quota(value, expected, monkeypatch):
-    monkeypatch.setenv("CPU_THREADS", value)
+@pytest.fixture
+def one_cpu() -> Iterator[None]:
+    """This process pinned to one CPU: whatever the machine's cgroup quota, the container has 1 CPU."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
 
-    threads = load_settings().threads()
 
-    assert threads == (expected or container_cpus())
+def test_cpu_threads_unset_follows_the_cpus_the_process_may_use(one_cpu, monkeypatch):
+    monkeypatch.setenv("CPU_THREADS", "0")
+
+    assert load_settings().threads() == 1
+
+
+def test_cpu_threads_setting_overrides_the_quota(one_cpu, monkeypatch):
+    monkeypatch.setenv("CPU_THREADS", "3")
+
+    assert load_settings().threads() == 3

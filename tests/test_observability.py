@@ -68,6 +68,14 @@ def test_logs_are_json_lines(predictor):
     )
 
 
+def test_log_format_text_writes_plain_lines_with_the_fields_as_key_value(plain_predictor):
+    lines = [line for line in plain_predictor.logs().splitlines() if line.strip()]
+
+    ready = [line for line in lines if "model ready" in line]
+    assert len(ready) == 1 and "cold_start_s=" in ready[0] and " INFO " in ready[0]
+    assert not any(line.lstrip().startswith("{") for line in lines), "a JSON line in text mode"
+
+
 class _Collector(BaseHTTPRequestHandler):
     bodies: ClassVar[list[bytes]] = []
 

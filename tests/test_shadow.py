@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -42,6 +43,7 @@ from testing.process import Child
 from testing.records import SR, voiced, write_jsonl
 from testing.records import shadow_record as record
 from testing.s3 import aws_env, s3_client
+from testing.s3_relay import S3Relay
 
 # --- helpers ---------------------------------------------------------------------------------
 N_SYNTH = 40
@@ -145,6 +147,136 @@ def test_full_queue_drops_records_instead_of_slowing_the_request():
 
     assert elapsed < 0.5
     assert dropped._value.get() - before >= 40  # one in the sink, two queued, the rest dropped
+
+
+SHADOW_BUCKET = "shadow-sink-retries"
+
+
+@pytest.fixture
+def shadow_relay(s3_env, monkeypatch):
+    """A relay in front of moto that the S3 sink writes through (it can fail the sink's PUTs)."""
+    from testing.s3 import s3_client
+
+    s3_client(s3_env).create_bucket(Bucket=SHADOW_BUCKET)
+    relay = S3Relay(s3_env)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+    yield relay
+    relay.close()
+
+
+def _write_one_batch_through(relay, prefix: str, records: int) -> dict[str, float]:
+    """Records through a Recorder into the S3 sink at ``prefix``; the written/lost counter increments."""
+    from predictor.shadow.sinks import S3Sink
+
+    counters = {o: metrics.SHADOW_RECORDS.labels(o) for o in ("written", "lost")}
+    before = {o: c._value.get() for o, c in counters.items()}
+    recorder = recording.Recorder(
+        S3Sink(SHADOW_BUCKET, prefix, "rev"),
+        "rev",
+        batch_records=records,
+        flush_s=60,
+        queue_size=10,
+        backoff_s=0.01,
+    )
+    for i in range(records):
+        recorder.submit(f"id{i}", "/v2/models/{model_name}/infer", 200, 0.1, None)
+    recorder.close()
+    return {o: c._value.get() - before[o] for o, c in counters.items()}
+
+
+def test_s3_sink_retries_a_failed_batch_and_writes_it_once(shadow_relay, s3_env):
+    from testing.s3 import s3_client
+
+    shadow_relay.fail(lambda method, path: method == "PUT" and "/retried/" in path, status=500, times=2)
+
+    moved = _write_one_batch_through(shadow_relay, "retried", records=3)
+
+    puts = shadow_relay.requests("PUT", "/retried/")
+    assert [p.spoiled for p in puts] == [True, True, False]  # two failures, then the write
+    assert moved == {"written": 3, "lost": 0}
+    client = s3_client(s3_env)
+    (stored,) = client.list_objects_v2(Bucket=SHADOW_BUCKET, Prefix="retried/")["Contents"]
+    body = client.get_object(Bucket=SHADOW_BUCKET, Key=stored["Key"])["Body"].read()
+    assert [json.loads(line)["id"] for line in body.splitlines()] == ["id0", "id1", "id2"]
+
+
+def test_s3_sink_that_keeps_failing_counts_the_batch_lost_after_three_retries(shadow_relay, s3_env):
+    from testing.s3 import s3_client
+
+    shadow_relay.fail(lambda method, path: method == "PUT" and "/lost/" in path, status=503)
+
+    moved = _write_one_batch_through(shadow_relay, "lost", records=4)
+
+    assert len(shadow_relay.requests("PUT", "/lost/")) == 4  # the first try and three retries
+    assert moved == {"written": 0, "lost": 4}
+    assert "Contents" not in s3_client(s3_env).list_objects_v2(Bucket=SHADOW_BUCKET, Prefix="lost/")
+
+
+def _dir_records(directory: Path) -> dict[str, dict]:
+    records = {}
+    for path in directory.glob("*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            record = json.loads(line)
+            records[record["id"]] = record
+    return records
+
+
+def test_directory_sink_writes_whole_batches_named_by_time_and_revision(plain_predictor):
+    ids = [f"dir-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+
+    for request_id in ids:
+        r = plain_predictor.post(
+            "/v2/models/tts/infer",
+            json=v2_request("Into the directory."),
+            headers={"x-request-id": request_id},
+        )
+        assert r.status_code == 200
+    records = wait_until(
+        lambda: (found := _dir_records(plain_predictor.shadow_dir)) and set(ids) <= set(found) and found,
+        30,
+        0.1,
+        "both records in the directory",
+    )
+
+    assert all(records[i]["revision"] == "rev-dir" and records[i]["status"] == 200 for i in ids)
+    names = [p.name for p in plain_predictor.shadow_dir.iterdir()]
+    assert names and all(
+        re.fullmatch(r"\d{8}T\d{6}\.\d{6}Z-rev-dir-[0-9a-f]{12}\.jsonl", n) for n in names
+    ), names
+
+
+BAD_IDS = {
+    "longer than 200 characters": "x" * 201,
+    "not ASCII": "caf\u00e9-42".encode(),
+    "with a space": "two words",
+}
+
+
+@pytest.mark.parametrize("incoming", BAD_IDS.values(), ids=BAD_IDS.keys())
+def test_a_bad_incoming_request_id_is_replaced_by_a_fresh_uuid4_in_header_and_record(
+    plain_predictor, incoming
+):
+    r = plain_predictor.post(
+        "/v2/models/tts/infer", json=v2_request("Clean my id."), headers={"x-request-id": incoming}
+    )
+
+    assert r.status_code == 200
+    fresh = r.headers["x-request-id"]
+    assert uuid.UUID(fresh).version == 4
+    record = wait_until(lambda: _dir_records(plain_predictor.shadow_dir).get(fresh), 30, 0.1, "the record")
+    assert record["status"] == 200
+    sent = incoming.decode() if isinstance(incoming, bytes) else incoming
+    assert sent not in plain_predictor.logs(), "the bad id reached the log"
+
+
+def test_a_bad_request_id_over_grpc_is_replaced_too(plain_predictor):
+    with grpc.insecure_channel(plain_predictor.grpc) as channel:
+        stub = grpc_predict_v2_pb2_grpc.GRPCInferenceServiceStub(channel)
+        _, call = stub.ServerLive.with_call(
+            pb.ServerLiveRequest(), metadata=(("x-request-id", "y" * 201),), timeout=10
+        )
+
+    assert uuid.UUID(dict(call.initial_metadata())["x-request-id"]).version == 4
 
 
 def test_revision_comes_from_revision_then_knatives_k_revision_then_local():

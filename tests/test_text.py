@@ -228,8 +228,22 @@ def test_long_text_splits_lazily_and_quickly():
     assert elapsed < 1.0
 
 
-def test_split_segments_equals_iter_segments():
-    assert split_segments(MIXED, 20) == list(iter_segments(MIXED, 20))
+def test_split_and_iter_segments_both_cut_mixed_text_by_the_rules():
+    # Worked by hand from the rules: sentences first ("3.14" and "e.g." do not end one), a CJK sentence
+    # ends at its full stop, the 52-character sentence is cut at its clause mark, then at the last space
+    # that fits 20 characters; a line break ends a segment.
+    expected = [
+        "Hello world.",
+        "你好，世界。",
+        "Numbers like 3.14",
+        "stay whole;",
+        "so does e.g. this",
+        "one!",
+        "New line here",
+    ]
+
+    assert split_segments(MIXED, 20) == expected
+    assert list(iter_segments(MIXED, 20)) == expected
 
 
 # --- crossfade joining -------------------------------------------------------------------------------

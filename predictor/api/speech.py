@@ -1,18 +1,29 @@
-"""`POST /v1/audio/speech`, shaped like OpenAI's speech API, streaming audio as sentences finish.
+"""`POST /v1/audio/speech`, shaped like OpenAI's speech API, streaming audio window by window.
 
 The input is normalized and cut into segments of at most MAX_SEGMENT_CHARS (sentences, then clauses);
-segments go through the shared queue one after another, each joined to the previous with a short
-crossfade and encoded as soon as it is ready. Memory stays bounded by a segment, not by the text:
-a 50,000-character chapter streams like a sentence. A client that hangs up cancels what is left
-(its queued segment is skipped by the batcher, later ones are never queued).
+segments go through the shared queue one after another. Without streaming each segment is synthesized
+whole and the file is sent at the end. With `stream: true` (or any `stream_format`) each segment is
+decoded in windows of latent frames (engine/windows.py), and every window leaves as soon as it is
+decoded: the first audio of a long sentence waits for a fraction of it, not for all of it. Segments
+are joined with a short crossfade either way. `stream_format: "sse"` wraps the encoded chunks in
+OpenAI's server-sent events (`speech.audio.delta` with base64 audio, then `speech.audio.done`).
+
+Memory stays bounded by a segment, not by the text: a 50,000-character chapter streams like a
+sentence. A client that hangs up cancels what is left: the engine stops at the next window, and later
+segments are never queued.
+
+OpenAI's model and voice names are accepted as aliases (MODEL_ALIASES, VOICE_ALIASES), so clients
+written for OpenAI work unchanged.
 """
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import AsyncIterator
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -21,23 +32,39 @@ from predictor import text
 from predictor.audio import codecs, crossfade
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
-from predictor.errors import BadRequest
+from predictor.errors import BadRequest, NothingToSpeak
 from predictor.observability import metrics
 from predictor.serving.service import TTSService
 
 # OpenAI's documented range for `speed`; our length_scale is its inverse.
 SPEED_RANGE = (0.25, 4.0)
+STREAM_FORMATS = ("audio", "sse")
+SSE_MEDIA_TYPE = "text/event-stream"
+
+
+class VoiceId(BaseModel):
+    """OpenAI's object form of a voice: {"id": "..."}."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str
 
 
 class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: the API is typed, so `speed: true` or `stream: "yes"` is a mistake to name, not to coerce
+    # (an integer speed is still a number).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str
     input: str
-    voice: str | None = None
+    voice: str | VoiceId | None = None
     response_format: str = "mp3"  # OpenAI's default
     speed: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1])
     stream: bool = False
+    stream_format: str | None = None  # OpenAI's: "audio" (raw bytes) or "sse"; either one streams
+    # OpenAI's style prompt for its newer models; a VITS voice has nothing it could condition on,
+    # so it is accepted (clients send it by habit) and has no effect.
+    instructions: str | None = None
 
 
 def router(service: TTSService, settings: Settings) -> APIRouter:
@@ -53,55 +80,126 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
                 f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5]
             )
             raise BadRequest(f"invalid speech request: {problems}") from None
-        if body.model not in (settings.model_name, *service.voices):
-            raise BadRequest(f"unknown model {body.model!r}; this server serves {settings.model_name!r}")
+        models = [settings.model_name, *settings.model_aliases, *service.voices]
+        if body.model not in models:
+            raise BadRequest(f"unknown model {body.model!r}; this server accepts {', '.join(models)}")
         if not body.input.strip():
             raise BadRequest("input is empty")
+        source = text.normalize(body.input)
+        if not text.has_pronounceable(source):
+            raise NothingToSpeak("input has nothing to speak (no phonemes)")
         if len(body.input) > settings.max_stream_text_chars:
             raise BadRequest(
                 f"input has {len(body.input)} characters; the limit is MAX_STREAM_TEXT_CHARS={settings.max_stream_text_chars}"
             )
-        fmt = codecs.get_format(body.response_format).name
-        params = SynthesisParams(length_scale=1.0 / body.speed, voice=body.voice)
-        service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
-        pieces = _speech(service, body.input, params, settings, time.monotonic())
-        if body.stream:
-            return StreamingResponse(
-                _encoded(pieces, fmt, service.sample_rate), media_type=codecs.FORMATS[fmt].media_type
+        if body.stream_format is not None and body.stream_format not in STREAM_FORMATS:
+            raise BadRequest(
+                f"unknown stream_format {body.stream_format!r}; accepted: {', '.join(STREAM_FORMATS)}"
             )
-        whole = [piece async for piece in pieces]
-        return Response(
-            codecs.encode(np.concatenate(whole), service.sample_rate, fmt),
-            media_type=codecs.FORMATS[fmt].media_type,
-        )
+        fmt = codecs.get_format(body.response_format).name
+        voice = _voice(body.voice, service, settings)
+        params = SynthesisParams(length_scale=1.0 / body.speed, voice=voice)
+        service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
+        started = time.monotonic()
+        if not (body.stream or body.stream_format is not None):
+            whole = [piece async for piece in _segments(service, source, params, settings, started)]
+            return Response(
+                codecs.encode(np.concatenate(whole), service.sample_rate, fmt),
+                media_type=codecs.FORMATS[fmt].media_type,
+            )
+        # Built here, not in the generator: a format that cannot stream is a 400, not a broken stream.
+        encoder = codecs.StreamEncoder(fmt, service.sample_rate)
+        pieces = _windows(service, source, params, settings, started)
+        # The first piece before the first byte: a 400 (nothing to speak) or 503 can still be one.
+        first = await anext(pieces)
+        chunks = _encoded(_prepend(first, pieces), encoder)
+        if body.stream_format == "sse":
+            return StreamingResponse(
+                _events(chunks), media_type=SSE_MEDIA_TYPE, headers={"cache-control": "no-cache"}
+            )
+        return StreamingResponse(chunks, media_type=encoder.media_type)
 
     return routes
 
 
-async def _speech(
+def _voice(voice: str | VoiceId | None, service: TTSService, settings: Settings) -> str | None:
+    """The model's voice a request names: one of its own, or an alias ("" = the default voice)."""
+    name = voice.id if isinstance(voice, VoiceId) else voice
+    if name is None or name in service.voices:
+        return name
+    if name in settings.voice_aliases:
+        return settings.voice_aliases[name] or None
+    names = [*service.voices, *settings.voice_aliases]
+    raise BadRequest(f"unknown voice {name!r}; this server accepts {', '.join(names)}")
+
+
+async def _segments(
     service: TTSService, source: str, params: SynthesisParams, settings: Settings, started: float
 ) -> AsyncIterator[np.ndarray]:
-    """Crossfaded PCM, one piece per segment as it is synthesized (the last piece holds the tail)."""
+    """Crossfaded PCM, one piece per segment synthesized whole (the last piece holds the tail)."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
     first = True
-    for segment in text.iter_segments(text.normalize(source), settings.max_segment_chars):
-        result = await service.synthesize([segment], params)
+    for segment in text.iter_segments(source, settings.max_segment_chars):
+        try:
+            result = await service.synthesize([segment], params)
+        except NothingToSpeak:
+            # A segment espeak-ng reads as nothing (a lone symbol it skips) is silence, not an error,
+            # unless the whole input is: then the first piece below raises before any byte is sent.
+            continue
         piece = joiner.push(result.audio[0])
         if first:
             metrics.FIRST_PACKET_SECONDS.observe(time.monotonic() - started)
             first = False
         yield piece
+    if first:
+        raise NothingToSpeak("input has nothing to speak (no phonemes)")
     yield joiner.finish()
 
 
-async def _encoded(pieces: AsyncIterator[np.ndarray], fmt: str, sample_rate: int) -> AsyncIterator[bytes]:
-    encoder = codecs.StreamEncoder(fmt, sample_rate)
+async def _windows(
+    service: TTSService, source: str, params: SynthesisParams, settings: Settings, started: float
+) -> AsyncIterator[np.ndarray]:
+    """Crossfaded PCM, one piece per decoder window as it is decoded (the last piece holds the tail)."""
+    joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
+    first = True
+    for segment in text.iter_segments(source, settings.max_segment_chars):
+        starts_segment = True
+        async for audio, _last in service.stream(segment, params):
+            piece = joiner.push_piece(audio, starts_segment)
+            starts_segment = False
+            if first and len(piece):
+                metrics.FIRST_PACKET_SECONDS.observe(time.monotonic() - started)
+                first = False
+            yield piece
+    yield joiner.finish()
+
+
+async def _prepend(first: np.ndarray, rest: AsyncIterator[np.ndarray]) -> AsyncIterator[np.ndarray]:
+    yield first
+    async for piece in rest:
+        yield piece
+
+
+async def _encoded(pieces: AsyncIterator[np.ndarray], encoder: codecs.StreamEncoder) -> AsyncIterator[bytes]:
     head = encoder.header()
-    async for piece in pieces:
-        chunk = head + encoder.encode_chunk(piece)
-        head = b""
-        if chunk:
-            yield chunk
-    tail = head + encoder.finish()
+    try:
+        async for piece in pieces:
+            chunk = head + encoder.encode_chunk(piece)
+            head = b""
+            if chunk:
+                yield chunk
+        tail = head + encoder.finish()
+    finally:
+        encoder.close()
     if tail:
         yield tail
+
+
+async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """OpenAI's speech SSE: one speech.audio.delta per encoded chunk, then speech.audio.done."""
+    async for chunk in chunks:
+        delta = {"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode("ascii")}
+        yield b"data: " + orjson.dumps(delta) + b"\n\n"
+    # OpenAI reports token usage; a VITS voice has no tokens to count.
+    done = {"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}}
+    yield b"data: " + orjson.dumps(done) + b"\n\n"

@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from kserve import Model
-from kserve.errors import ModelNotFound
+from kserve.errors import InvalidInput
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 from kserve.protocol.rest.v2_datamodels import InferenceRequest
@@ -18,8 +18,8 @@ from pydantic import ValidationError
 
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
-from predictor.errors import BadRequest, NotReady
-from predictor.serving.params import decode_texts, parse_params
+from predictor.errors import BadRequest, NotFound, NotReady
+from predictor.serving.params import decode_texts, parse_params, plain_value
 from predictor.serving.service import SynthesisResult, TTSService
 
 OUTPUTS = ("audio", "audio_length")
@@ -41,7 +41,9 @@ def decode_binary_request(body: bytes, header_length: str, model_name: str) -> I
     """A v2 request using the binary tensor extension, with raw tensors kept raw.
 
     KServe's own decoder turns raw BYTES back into JSON strings and fails with a 500 on bytes that are
-    not UTF-8; here they stay bytes, so decode_texts can answer 400 with the offending position.
+    not UTF-8; here they stay bytes, so decode_texts can answer 400 with the offending position. Every
+    field of the JSON header is type-checked here, before KServe's classes see it: they assume the
+    types the extension's spec gives and fail with a 500 on any other.
     """
     try:
         json_size = int(header_length)
@@ -55,40 +57,74 @@ def decode_binary_request(body: bytes, header_length: str, model_name: str) -> I
         raise BadRequest(f"the JSON header of a binary request is invalid: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise BadRequest('the JSON header of a binary request must be {"inputs": [...], ...}')
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadRequest(f"id must be a string, got {_json_type(request_id)}")
     offset, inputs, raw = json_size, [], []
     for i, tensor in enumerate(header["inputs"]):
+        where = f"inputs[{i}]"
         if not isinstance(tensor, dict) or not {"name", "datatype", "shape"} <= set(tensor):
-            raise BadRequest(f"inputs[{i}] must have name, datatype and shape")
-        params = dict(tensor.get("parameters") or {})
+            raise BadRequest(f"{where} must have name, datatype and shape")
+        name, datatype, shape = tensor["name"], tensor["datatype"], tensor["shape"]
+        if not isinstance(name, str):
+            raise BadRequest(f"{where}.name must be a string, got {_json_type(name)}")
+        if not isinstance(datatype, str):
+            raise BadRequest(f"{where}.datatype must be a string, got {_json_type(datatype)}")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+            raise BadRequest(f"{where}.shape must be a list of non-negative integers, got {shape!r}")
+        params = _object(tensor.get("parameters"), f"{where}.parameters")
         size = params.pop("binary_data_size", None)
         if size is None:
             raise BadRequest(
-                f"input {tensor['name']!r} has no binary_data_size; mixing JSON and binary inputs is not supported"
+                f"input {name!r} has no binary_data_size; mixing JSON and binary inputs is not supported"
             )
-        if not isinstance(size, int) or size < 0 or offset + size > len(body):
-            raise BadRequest(
-                f"input {tensor['name']!r}: binary_data_size={size} runs past the end of the body"
-            )
-        inputs.append(
-            InferInput(tensor["name"], list(tensor["shape"]), tensor["datatype"], parameters=params)
-        )
+        if not _is_int(size) or size < 0 or offset + size > len(body):
+            raise BadRequest(f"input {name!r}: binary_data_size={size!r} runs past the end of the body")
+        inputs.append(InferInput(name, list(shape), datatype, parameters=params))
         raw.append(body[offset : offset + size])
         offset += size
     if offset != len(body):
         raise BadRequest(f"{len(body) - offset} bytes after the last binary tensor")
+    requested = header.get("outputs")
+    if requested is not None and not isinstance(requested, list):
+        raise BadRequest(f"outputs must be a list, got {_json_type(requested)}")
     outputs = []
-    for i, o in enumerate(header.get("outputs") or []):
+    for i, o in enumerate(requested or []):
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
-            raise BadRequest(f"outputs[{i}] must be an object with a name")
-        outputs.append(RequestedOutput(o["name"], dict(o.get("parameters") or {})))
+            raise BadRequest(f"outputs[{i}] must be an object with a string name")
+        outputs.append(RequestedOutput(o["name"], _object(o.get("parameters"), f"outputs[{i}].parameters")))
     return InferRequest(
         model_name=model_name,
         infer_inputs=inputs,
-        request_id=header.get("id"),
+        request_id=request_id,
         raw_inputs=raw,
-        parameters=dict(header.get("parameters") or {}),
+        parameters=_object(header.get("parameters"), "parameters"),
         request_outputs=outputs or None,
     )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where} must be an object, got {_json_type(value)}")
+    return dict(value)
+
+
+def _json_type(value: Any) -> str:
+    names = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def parse_inference_request(raw: bytes) -> InferenceRequest:
@@ -120,6 +156,16 @@ class V2Call:
     outputs: list[tuple[str, bool]]  # (output name, send as raw/binary)
 
 
+def binary_outputs_requested(payload: InferRequest) -> bool:
+    """The request-level binary_data_output flag (REST), which must be a boolean when present."""
+    if payload.from_grpc:
+        return bool(payload.use_binary_outputs)
+    flag = (payload.parameters or {}).get("binary_data_output")
+    if flag is not None and not isinstance(flag, bool):
+        raise BadRequest(f"parameter binary_data_output must be a boolean, got {flag!r}")
+    return bool(flag)
+
+
 def decode_v2(payload: InferRequest, binary_default: bool) -> V2Call:
     """Texts, parameters and requested outputs from a v2 request (REST or gRPC)."""
     requested = list(payload.request_outputs or [])
@@ -127,9 +173,12 @@ def decode_v2(payload: InferRequest, binary_default: bool) -> V2Call:
         if r.name not in OUTPUTS:
             raise BadRequest(f"unknown output {r.name!r}; this model has {list(OUTPUTS)}")
     if requested:
-        outputs = [
-            (r.name, binary_default if r.binary_data is None else bool(r.binary_data)) for r in requested
-        ]
+        outputs = []
+        for r in requested:
+            flag = plain_value((r.parameters or {}).get("binary_data"))
+            if flag is not None and not isinstance(flag, bool):
+                raise BadRequest(f"outputs {r.name!r}: parameter binary_data must be a boolean, got {flag!r}")
+            outputs.append((r.name, binary_default if flag is None else flag))
     else:
         outputs = [(name, binary_default) for name in OUTPUTS]
     return V2Call(
@@ -254,26 +303,35 @@ class TTSModel(Model):
         self, payload: InferRequest, headers: dict[str, str] | None = None
     ) -> pb.ModelInferResponse:
         # Raw inputs get raw outputs (what Triton's client expects); typed inputs get typed contents.
-        call = decode_v2(payload, binary_default=bool(payload.use_binary_outputs))
+        call = decode_v2(payload, binary_default=binary_outputs_requested(payload))
         result = await self.service.synthesize(call.texts, call.params)
         return encode_grpc(call, result, self.name)
 
 
 def require_model(model_name: str, name: str) -> None:
     if model_name != name:
-        raise ModelNotFound(model_name)
+        raise NotFound(f"model {model_name!r} is not served here; this server serves {name!r}")
+
+
+def require_version(version: str | None, served: str) -> None:
+    """A request naming a model version: the served one answers as unversioned, any other is 404.
+
+    One version per process (a revision serves one artifact); KServe's own versioned routes answer 501.
+    Empty means unversioned, as in the gRPC messages, whose version fields default to "".
+    """
+    if version and version != served:
+        raise NotFound(f"model version {version!r} is not served here; this server serves version {served!r}")
 
 
 def router(service: TTSService, settings: Settings) -> APIRouter:
-    """v2 inference and model metadata, registered before KServe's own routes so these win."""
+    """v2 inference, model metadata and versioned readiness, registered before KServe's own routes so
+    these win (its versioned routes answer 501)."""
     name = settings.model_name
     routes = APIRouter()
 
-    @routes.post("/v2/models/{model_name}/infer")
-    async def v2_infer(model_name: str, request: Request) -> Response:
+    async def infer(request: Request) -> Response:
         # KServe's route reads a body without content-type: application/json as binary and then
         # demands the binary header; Triton's HTTP client sends JSON exactly like that.
-        require_model(model_name, name)
         service.require_ready()
         body = await request.body()
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -281,24 +339,56 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         if binary_in:
             infer_request = decode_binary_request(body, headers[BINARY_HEADER], name)
         else:
-            infer_request = InferRequest.from_inference_request(parse_inference_request(body), name)
-        call = decode_v2(infer_request, binary_default=binary_in or bool(infer_request.use_binary_outputs))
+            try:
+                infer_request = InferRequest.from_inference_request(parse_inference_request(body), name)
+            except InvalidInput as exc:
+                raise BadRequest(str(exc.reason)) from None
+        binary_out = binary_outputs_requested(infer_request)
+        call = decode_v2(infer_request, binary_default=binary_in or binary_out)
         result = await service.synthesize(call.texts, call.params)
         content, response_headers = encode_rest(call, result, name)
         return Response(content, headers=response_headers)
 
-    @routes.get("/v2/models/{model_name}")
-    async def model_metadata(model_name: str) -> dict[str, Any]:
-        require_model(model_name, name)
+    def metadata() -> dict[str, Any]:
         meta: dict[str, Any] = {
             "name": name,
-            "versions": [],
-            "platform": settings.engine,
+            "versions": [settings.model_version],
+            "platform": settings.engine_name,
             "inputs": INPUT_METADATA,
             "outputs": OUTPUT_METADATA,
         }
         if service.engine is not None:
             meta["parameters"] = {"sample_rate": service.sample_rate, "voices": service.voices}
         return meta
+
+    @routes.post("/v2/models/{model_name}/infer")
+    async def v2_infer(model_name: str, request: Request) -> Response:
+        require_model(model_name, name)
+        return await infer(request)
+
+    @routes.post("/v2/models/{model_name}/versions/{model_version}/infer")
+    async def v2_infer_version(model_name: str, model_version: str, request: Request) -> Response:
+        require_model(model_name, name)
+        require_version(model_version, settings.model_version)
+        return await infer(request)
+
+    @routes.get("/v2/models/{model_name}")
+    async def model_metadata(model_name: str) -> dict[str, Any]:
+        require_model(model_name, name)
+        return metadata()
+
+    @routes.get("/v2/models/{model_name}/versions/{model_version}")
+    async def model_version_metadata(model_name: str, model_version: str) -> dict[str, Any]:
+        require_model(model_name, name)
+        require_version(model_version, settings.model_version)
+        return metadata()
+
+    @routes.get("/v2/models/{model_name}/versions/{model_version}/ready")
+    async def model_version_ready(model_name: str, model_version: str) -> dict[str, Any]:
+        # As KServe's unversioned route answers: 200 {"name", "ready": true}, or 503 while not ready.
+        require_model(model_name, name)
+        require_version(model_version, settings.model_version)
+        service.require_ready()
+        return {"name": name, "ready": True}
 
     return routes

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import logging
 import os
 import random
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,8 +21,13 @@ from typing import Any, Protocol, TypeVar
 
 from predictor.artifact.manifest import MANIFEST, ManifestFile, safe_join
 from predictor.artifact.verified import Markers
-from predictor.errors import ArtifactNotFound, IntegrityError, StorageError, TransientStorageError
-from predictor.storage.files import fsync_dir, preallocate, pwrite_all, temp_path_for
+from predictor.errors import (
+    ArtifactNotFound,
+    IntegrityError,
+    StorageError,
+    TransientStorageError,
+)
+from predictor.storage.files import atomic_write_bytes, fsync_dir, preallocate, pwrite_all
 from predictor.storage.s3 import failure, s3_client
 from predictor.storage.uri import object_key, parse_uri
 
@@ -88,10 +95,13 @@ class _Source(Protocol):
         ...
 
 
-def open_source(uri: str, concurrency: int, endpoint_url: str | None) -> _Source:
+def open_source(
+    uri: str, concurrency: int, endpoint_url: str | None, read_timeout_s: float = 60.0
+) -> _Source:
     scheme, where, prefix = parse_uri(uri)
     if scheme == "s3":
-        return _S3Source(s3_client(concurrency=concurrency, endpoint_url=endpoint_url), where, prefix)
+        client = s3_client(concurrency=concurrency, endpoint_url=endpoint_url, read_timeout_s=read_timeout_s)
+        return _S3Source(client, where, prefix)
     return _LocalSource(Path(where))
 
 
@@ -240,6 +250,8 @@ class _Job:
     tmp: Path
     fd: int
     remaining: int
+    part_size: int
+    done: set[int] = field(default_factory=set)  # starts of the parts already on disk (the journal)
     started: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
@@ -248,9 +260,31 @@ class _Job:
     hash_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def part_done(self, start: int, end: int) -> None:
+        # Durable before journaled: a part the journal names must be on disk after a crash.
+        os.fdatasync(self.fd)
         with self.lock:
             self.completed[start] = end
+            self.done.add(start)
+            atomic_write_bytes(journal_path(self.target), self._journal())
         self.advance_hash(block=False)
+
+    def _journal(self) -> bytes:
+        entry = {"sha256": self.file.sha256, "size": self.file.size, "part_size": self.part_size}
+        return json.dumps({**entry, "done": sorted(self.done)}).encode()
+
+    def resumable(self, path: Path) -> set[int]:
+        """Parts a journal at ``path`` says are done, if it describes this very file and layout."""
+        try:
+            saved = json.loads(path.read_text())
+            done = {int(start) for start in saved["done"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+        same = (saved.get("sha256"), saved.get("size"), saved.get("part_size")) == (
+            self.file.sha256,
+            self.file.size,
+            self.part_size,
+        )
+        return done if same else set()
 
     def advance_hash(self, block: bool) -> None:
         """Hash every completed part that continues the hashed prefix; one thread hashes at a time."""
@@ -285,11 +319,33 @@ class _Job:
                 self.fd = -1
 
     def discard(self) -> None:
+        """Forget the partial file and its journal: the next attempt starts this file over."""
         self.close()
         self.tmp.unlink(missing_ok=True)
+        journal_path(self.target).unlink(missing_ok=True)
+
+
+def partial_path(target: Path) -> Path:
+    """Where ``target`` is assembled: hidden (names starting with "." are reserved), one per target, so
+    a later attempt or a restarted container finds it and resumes."""
+    return target.with_name(f".{target.name}.partial")
+
+
+def journal_path(target: Path) -> Path:
+    """The parts of ``partial_path(target)`` already written and flushed, as JSON."""
+    return target.with_name(f".{target.name}.partial.json")
 
 
 _HASH_CHUNK = 1 << 20  # bytes read back per hash update: big enough that hashlib releases the GIL
+
+
+def _resumable_failure(error: BaseException | None) -> bool:
+    """Whether the parts already written are worth keeping for the next attempt.
+
+    Network failures (retries spent, another part cancelled, the process interrupted) keep them; a
+    checksum mismatch, a full disk or an unexpected error starts the file over.
+    """
+    return isinstance(error, TransientStorageError | _Cancelled | KeyboardInterrupt)
 
 
 def _ranges(size: int, part_size: int) -> list[tuple[int, int]]:
@@ -323,11 +379,12 @@ class Downloader:
             futures: list[Future] = []
             for f, target in todo:
                 ranges = _ranges(f.size, self._part_size)
-                job = self._open(f, target, len(ranges))
+                job = self._open(f, target, ranges)
                 jobs.append(job)
-                if not ranges:
+                todo_ranges = [(start, end) for start, end in ranges if start not in job.done]
+                if not todo_ranges:
                     futures.append(pool.submit(self._finish, job))
-                futures.extend(pool.submit(self._part, job, start, end) for start, end in ranges)
+                futures.extend(pool.submit(self._part, job, start, end) for start, end in todo_ranges)
             wait(futures, return_when=FIRST_EXCEPTION)
             for future in futures:  # in submission order, so the error reported is deterministic
                 error = future.exception() if future.done() and not future.cancelled() else None
@@ -339,18 +396,36 @@ class Downloader:
                 self._stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
             if not ok:
+                error = sys.exc_info()[1]
                 for job in jobs:
-                    job.discard()  # a no-op for files already renamed into place
+                    if _resumable_failure(error):
+                        job.close()  # written parts stay, journaled, for the next attempt
+                    else:
+                        job.discard()  # a no-op for files already renamed into place
 
-    def _open(self, f: ManifestFile, target: Path, parts: int) -> _Job:
+    def _open(self, f: ManifestFile, target: Path, ranges: list[tuple[int, int]]) -> _Job:
+        """The job for ``target``, resuming a partial file a failed attempt or a killed container left.
+
+        Resumed bytes are not trusted: the whole file is hashed before it is renamed into place, and a
+        mismatch discards the partial file (IntegrityError), so the next attempt starts it over.
+        """
         target.parent.mkdir(parents=True, exist_ok=True)
-        # Temp files of a container that died mid-download would otherwise fill the emptyDir.
+        # Temp files of older versions' fetches would otherwise fill the emptyDir.
         for stale in target.parent.glob(f".{glob.escape(target.name)}.part-*"):
             stale.unlink(missing_ok=True)
-        tmp = temp_path_for(target)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        job = _Job(file=f, target=target, tmp=tmp, fd=fd, remaining=parts)
+        tmp = partial_path(target)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT, 0o644)
+        job = _Job(file=f, target=target, tmp=tmp, fd=fd, remaining=len(ranges), part_size=self._part_size)
         try:
+            done = job.resumable(journal_path(target)) & {start for start, _ in ranges}
+            if done and os.fstat(fd).st_size == f.size:
+                job.done = done
+                job.remaining -= len(done)
+                job.completed = {start: end for start, end in ranges if start in done}
+                log.info("resuming %s: %d of %d parts already on disk", f.path, len(done), len(ranges))
+            else:
+                os.ftruncate(fd, 0)
+                journal_path(target).unlink(missing_ok=True)
             preallocate(fd, f.size)
         except BaseException:
             job.discard()
@@ -407,9 +482,13 @@ class Downloader:
             os.fsync(job.fd)
             job.close()
             os.replace(job.tmp, job.target)
-        except BaseException:
+        except IntegrityError:
             job.discard()
             raise
+        except BaseException:
+            job.close()
+            raise
+        journal_path(job.target).unlink(missing_ok=True)
         fsync_dir(job.target.parent)
         self._markers.write(f, job.target)
         log.info("downloaded %s (%d bytes) in %.2fs", f.path, f.size, time.monotonic() - job.started)

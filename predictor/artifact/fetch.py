@@ -12,8 +12,10 @@ nothing here reads or logs them."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from predictor.artifact.download import ByteCallback, Downloader, Meter, MiB, RetryPolicy, open_source
 from predictor.artifact.manifest import MANIFEST, Manifest, resolve_files
 from predictor.artifact.verified import SOURCE, VERIFIED_DIR, Markers, is_current, verified_earlier
-from predictor.errors import StorageError
+from predictor.errors import ModelDirError
 from predictor.storage.files import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ class FetchOptions:
     part_size: int
     retries: int
     backoff_s: float
+    read_timeout_s: float
 
     @classmethod
     def from_settings(cls, settings: Settings) -> FetchOptions:
@@ -56,6 +59,7 @@ class FetchOptions:
             part_size=settings.fetch_part_size,
             retries=settings.fetch_retries,
             backoff_s=settings.fetch_backoff_s,
+            read_timeout_s=settings.s3_read_timeout_s,
         )
 
     def as_kwargs(self) -> dict[str, Any]:
@@ -74,6 +78,7 @@ def fetch(
     on_bytes: ByteCallback | None = None,
     endpoint_url: str | None = None,
     engine: str | None = None,
+    read_timeout_s: float = 60.0,
 ) -> tuple[Manifest, FetchReport]:
     """Make ``model_dir`` hold the verified artifact at ``uri``; returns its manifest and what was done.
 
@@ -100,7 +105,7 @@ def fetch(
             model_dir,
         )
         return restarted, report
-    source = open_source(uri, concurrency, endpoint_url)
+    source = open_source(uri, concurrency, endpoint_url, read_timeout_s)
     policy = RetryPolicy(retries, backoff_s)
     meter = Meter([cb for cb in (progress, on_bytes) if cb is not None])
 
@@ -126,7 +131,7 @@ def fetch(
         atomic_write_bytes(model_dir / VERIFIED_DIR / SOURCE, json.dumps({"uri": uri}).encode())
     except OSError as exc:
         # Network errors were translated by the source, so an OSError here is the local disk.
-        raise StorageError(f"writing into {model_dir} failed: {exc}") from exc
+        raise ModelDirError(_disk_message(model_dir, targets, exc)) from exc
 
     report = FetchReport(
         files_total=len(targets),
@@ -146,3 +151,16 @@ def fetch(
         report.seconds,
     )
     return manifest, report
+
+
+def _disk_message(model_dir: Path, targets: list[tuple[Any, Path]], exc: OSError) -> str:
+    """What went wrong writing into MODEL_DIR, with the sizes that matter when it is full."""
+    message = f"writing into MODEL_DIR {model_dir} failed: {exc.strerror or exc}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        needed = sum(f.size for f, _ in targets)
+        try:
+            free = shutil.disk_usage(model_dir).free
+        except OSError:
+            return f"{message} (the artifact needs {needed} bytes)"
+        message += f" (the artifact needs {needed} bytes, {free} free); give the emptyDir more room"
+    return message

@@ -36,7 +36,9 @@ def build_default_voice(out_dir: Path) -> Manifest:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sources = {
-        "model.onnx": (Path(voice.model_path()), ["onnx"]),
+        # Piper's own graph, as exported: the source of both engines' files below, and what Piper's
+        # runtime loads (bench streaming); no engine of ours reads it, so pods do not fetch it.
+        "model.onnx": (Path(voice.model_path()), ["piper"]),
         # The piper voice config (sample rate, espeak voice, inference defaults, phoneme map), unchanged.
         "config.json": (Path(voice.config_path()), None),
         "MODEL_CARD": (Path(voice.model_card_path()), None),
@@ -47,13 +49,19 @@ def build_default_voice(out_dir: Path) -> Manifest:
         files.append(ManifestFile(path=rel, size=size, sha256=digest, engines=engines))
     # The torch engine's weights: the ONNX initializers as safetensors, plus the hyperparameters
     # read from the graph (vits.json). Converted here, once, so a pod never needs onnx to start.
-    from predictor.engine.convert import write_safetensors
+    from predictor.engine.convert import CONFIG_FILE, write_onnx_split, write_safetensors
 
     for path in write_safetensors(out_dir / "model.onnx", out_dir):
+        # vits.json also gives the onnx engine its decoder's receptive field (streaming windows).
+        engines = ["torch", "onnx"] if path.name == CONFIG_FILE else ["torch"]
         files.append(
-            ManifestFile(
-                path=path.name, size=path.stat().st_size, sha256=sha256_file(path), engines=["torch"]
-            )
+            ManifestFile(path=path.name, size=path.stat().st_size, sha256=sha256_file(path), engines=engines)
+        )
+    # The onnx engine's graph in two parts, text -> latent and latent -> audio, so it can decode
+    # the latent in windows (streaming); split here, once, so a pod never needs onnx to start.
+    for path in write_onnx_split(out_dir / "model.onnx", out_dir):
+        files.append(
+            ManifestFile(path=path.name, size=path.stat().st_size, sha256=sha256_file(path), engines=["onnx"])
         )
     manifest = Manifest(name=DEFAULT_VOICE_NAME, version=importlib.metadata.version(_VOICE_DIST), files=files)
     # Written last: a directory with a manifest is a complete artifact.

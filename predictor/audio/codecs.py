@@ -411,3 +411,9 @@ def _encode_file(pcm: np.ndarray, sample_rate: int, fmt: Format) -> bytes:
         if len(pcm):
             sf.write(pcm)
     return buf.getvalue()
+
+
+def encoded_size_bound(seconds: float, fmt: Format, sample_rate: int) -> int:
+    """Bytes ``seconds`` of mono audio cannot exceed in ``fmt``: 16-bit PCM at the format's output rate
+    (no supported format is larger: FLAC, MP3 and Opus compress it), plus room for container headers."""
+    return int(seconds * output_sample_rate(fmt, sample_rate) * 2) + 1024

@@ -44,6 +44,8 @@ class CrossfadeJoiner:
         self.sample_rate = sample_rate
         self.fade_samples = round(sample_rate * fade_ms / _MS_PER_SECOND)
         self._held: np.ndarray | None = None
+        # push_piece: the start of the current segment, waiting until it can cover the held tail.
+        self._head: np.ndarray | None = None
 
     def push(self, segment: np.ndarray) -> np.ndarray:
         """Add the next segment (mono float audio); return the audio that can be emitted now."""
@@ -63,11 +65,47 @@ class CrossfadeJoiner:
         self._held = stream[split:].copy()
         return np.concatenate([ready, stream[:split]]).astype(np.float32, copy=True)
 
+    def push_piece(self, piece: np.ndarray, starts_segment: bool) -> np.ndarray:
+        """Add a piece of a segment (a decoder window); return the audio that can be emitted now.
+
+        Pieces of one segment follow each other without a fade; a piece that starts a segment is
+        crossfaded with the previous segment's end, as push would with whole segments. Concatenating
+        every result and finish() gives exactly join() of the segments the pieces make up. The head
+        of a segment is held back until it is as long as the fade (or its segment ends), since the
+        overlap is min(fade, held, segment).
+        """
+        audio = _as_mono_float32(piece)
+        ready = self._mix_head() if starts_segment else np.empty(0, dtype=np.float32)
+        if starts_segment and self._held is not None:
+            self._head = audio.copy()
+        elif self._head is not None:
+            self._head = np.concatenate([self._head, audio])
+        else:
+            return np.concatenate([ready, self._extend(audio)])
+        if self._held is not None and len(self._head) >= len(self._held):
+            ready = np.concatenate([ready, self._mix_head()])
+        return ready
+
+    def _extend(self, audio: np.ndarray) -> np.ndarray:
+        """Continue the current segment with `audio`: all but the last fade samples are final."""
+        stream = audio if self._held is None else np.concatenate([self._held, audio])
+        split = max(0, len(stream) - self.fade_samples)
+        self._held = stream[split:].copy()
+        return stream[:split].astype(np.float32, copy=True)
+
+    def _mix_head(self) -> np.ndarray:
+        """Crossfade the waiting segment head into the held tail (as push does); what is final."""
+        head, self._head = self._head, None
+        if head is None:
+            return np.empty(0, dtype=np.float32)
+        return self.push(head)
+
     def finish(self) -> np.ndarray:
         """Return the held tail, ending this stream; the joiner can then start a new one."""
+        ready = self._mix_head()
         held = self._held if self._held is not None else np.empty(0, dtype=np.float32)
         self._held = None
-        return held
+        return np.concatenate([ready, held])
 
 
 def join(segments: Iterable[np.ndarray], sample_rate: int, fade_ms: float = 50.0) -> np.ndarray:

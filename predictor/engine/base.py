@@ -6,6 +6,7 @@ Lifecycle, in the order cold start runs it (so construction overlaps the weight 
     engine.load(model_dir)         # weights from the verified artifact onto the device
     engine.warmup(text)            # first synthesis: allocations, kernel selection, compilation
     engine.synthesize(texts, params) -> list of float32 mono arrays, one per text
+    engine.stream(text, params, windows) -> (float32 audio, last) per decoder window, in order
 
 Engines are driven by one thread at a time (the predictor serializes calls); they need not be
 thread-safe. A batch may hold texts of any length; every item comes back trimmed to its own length."""
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -91,6 +92,14 @@ class VoiceConfig:
             raise EngineError(f"voice config {model_dir / 'config.json'} is unusable: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class StreamWindows:
+    """Decoder window sizes of a streamed synthesis, in latent frames (STREAM_*_WINDOW_FRAMES)."""
+
+    first_frames: int
+    frames: int
+
+
 class Engine(ABC):
     """A loaded voice on a device."""
 
@@ -118,6 +127,17 @@ class Engine(ABC):
 
     def warmup(self, text: str) -> None:
         self.synthesize([text], SynthesisParams(noise_scale=0.0, noise_w=0.0))
+
+    def stream(
+        self, text: str, params: SynthesisParams, windows: StreamWindows
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        """The audio of `text` in pieces as they are decoded, each with whether it is the last.
+
+        Concatenated, the pieces equal synthesize([text]) for the same noise. This default yields the
+        whole at once; engines that can decode in windows override it. The caller may stop iterating
+        at any piece: no further work is done.
+        """
+        yield self.synthesize([text], params)[0], True
 
 
 class PiperEngine(Engine):

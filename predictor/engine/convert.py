@@ -299,3 +299,65 @@ def load_vits(
     vits = Vits(config, decoder_dtype=decoder_dtype).to(device)
     vits.load_state_dict(state, strict=True)
     return vits.eval()
+
+
+# The split of Piper's graph for chunked decoding: text -> latent (encoder, durations, flow) and
+# latent -> audio (the HiFi-GAN generator), cut at the generator's input.
+ENCODER_ONNX = "encoder.onnx"
+DECODER_ONNX = "decoder.onnx"
+_DECODER_FIRST_NODE = "/dec/conv_pre/Conv"
+LATENT_NAME = "latent"  # the cut tensor's name in both parts
+
+
+def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
+    """Piper's graph (a path or ModelProto) -> (encoder, decoder) ModelProtos, cut at the generator.
+
+    The encoder keeps the graph's inputs (input, input_lengths, scales) and outputs `latent`
+    [1, inter, F] (z times the frame mask, what the generator reads); the decoder takes `latent`
+    and outputs `output` as the whole graph does. Both parts together run every node once, so a
+    non-streamed request costs what the whole graph costs.
+    """
+    import onnx
+    import onnx.utils
+
+    model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
+    first = next((n for n in model.graph.node if n.name == _DECODER_FIRST_NODE), None)
+    if first is None:
+        raise ConversionError(f"no {_DECODER_FIRST_NODE} node: not a Piper VITS graph")
+    cut = first.input[0]
+    extractor = onnx.utils.Extractor(model)
+    inputs = [i.name for i in model.graph.input]
+    encoder = extractor.extract_model(inputs, [cut])
+    decoder = extractor.extract_model([cut], [o.name for o in model.graph.output])
+    for part in (encoder, decoder):
+        for node in part.graph.node:
+            node.input[:] = [LATENT_NAME if i == cut else i for i in node.input]
+            node.output[:] = [LATENT_NAME if o == cut else o for o in node.output]
+    encoder.graph.output[0].name = LATENT_NAME
+    decoder.graph.input[0].name = LATENT_NAME
+    return encoder, decoder
+
+
+def write_onnx_split(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write encoder.onnx and decoder.onnx (split_onnx) into out_dir; returns both paths."""
+    from predictor.storage.files import atomic_write_bytes
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for part, name in zip(split_onnx(onnx_path), (ENCODER_ONNX, DECODER_ONNX), strict=True):
+        path = out_dir / name
+        atomic_write_bytes(path, part.SerializeToString())
+        paths.append(path)
+    return paths
+
+
+def read_config(model_dir: str | Path) -> VitsConfig:
+    """The voice's VitsConfig from vits.json."""
+    return VitsConfig.from_dict(json.loads((Path(model_dir) / CONFIG_FILE).read_text(encoding="utf-8")))
+
+
+def infer_config(onnx_model: Any) -> VitsConfig:
+    """The VitsConfig read off Piper's graph (for artifacts without vits.json)."""
+    graph, constants = _load_graph(onnx_model)
+    return _infer_config(graph, _collect_tensors(graph, constants), constants)

@@ -36,6 +36,11 @@ def plan(device: str, dtype: str, threads: int, gpu_memory_fraction: float = 0.0
             # neighbour sharing the GPU; past the cap, allocations fail in this process only.
             torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, target.index)
         torch.cuda.set_device(target)
+        if decoder_dtype is torch.float32:
+            # cuDNN convolutions default to TensorFloat-32 on Ampere and later: 10-bit mantissas that
+            # put fp32 audio ~1e-2 away from the CPU's. DTYPE=fp32 means fp32; bf16/fp16 are the fast path.
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
     elif gpu_memory_fraction:
         log.info("GPU_MEMORY_FRACTION=%s ignored on DEVICE=cpu", gpu_memory_fraction)
     # Intra-op threads drive the CPU parts (all of it on CPU; phonemes and glue on CUDA). One request

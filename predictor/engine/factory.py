@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def create(settings: Settings) -> Engine:
     """Construct the configured engine without weights (device and imports checked here, at start)."""
-    if settings.engine == "torch":
+    if settings.engine_name == "torch":
         from predictor.engine.torch import TorchEngine
 
         return TorchEngine(
@@ -23,7 +23,7 @@ def create(settings: Settings) -> Engine:
             gpu_memory_fraction=settings.gpu_memory_fraction,
             compile=settings.compile,
         )
-    if settings.engine == "onnx":
+    if settings.engine_name == "onnx":
         from predictor.engine.onnx import OnnxEngine
 
         if settings.dtype != "fp32" or settings.compile:

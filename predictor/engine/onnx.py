@@ -1,19 +1,34 @@
-"""Piper/VITS voices on onnxruntime: the exported graph run as is.
+"""Piper/VITS voices on onnxruntime: Piper's exported graph, in two parts.
 
-Piper's ONNX export takes a padded batch but returns the padded tail as noise, and does not expose
+The artifact holds the graph split at publish (engine/convert.split_onnx): encoder.onnx (text encoder,
+durations, flow: phoneme ids -> latent frames) and decoder.onnx (HiFi-GAN: latent -> audio). A whole
+synthesis runs one after the other, every node once, as the whole graph would; a streamed one runs
+the decoder over frame windows (engine/windows.py). An artifact without the parts (published before
+they existed) is split in memory at load.
+
+Piper's export takes a padded batch but returns the padded tail as noise, and does not expose
 per-item durations, so items are run one sentence at a time; the native torch engine batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 
-from predictor.engine import phonemes
-from predictor.engine.base import PiperEngine, SynthesisParams
+from predictor.engine import phonemes, windows
+from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
+from predictor.engine.convert import (
+    CONFIG_FILE,
+    DECODER_ONNX,
+    ENCODER_ONNX,
+    LATENT_NAME,
+    infer_config,
+    read_config,
+    split_onnx,
+)
 from predictor.errors import EngineError
 
 
@@ -39,17 +54,31 @@ class OnnxEngine(PiperEngine):
         self._options.intra_op_num_threads = threads
         # One request at a time runs through the graph; parallelism lives inside each operator.
         self._options.inter_op_num_threads = 1
-        self._session: onnxruntime.InferenceSession | None = None
+        self._encoder: onnxruntime.InferenceSession | None = None
+        self._decoder: onnxruntime.InferenceSession | None = None
+        self._context = 0
+        self._hop = 1
         phonemes.prepare()
 
     def load(self, model_dir: Path) -> None:
         self._read_voice(model_dir)
         try:
-            self._session = onnxruntime.InferenceSession(
-                str(model_dir / "model.onnx"), sess_options=self._options, providers=self._providers
+            if (model_dir / ENCODER_ONNX).exists() and (model_dir / DECODER_ONNX).exists():
+                parts: list[str | bytes] = [str(model_dir / ENCODER_ONNX), str(model_dir / DECODER_ONNX)]
+                config = read_config(model_dir)
+            else:
+                encoder, decoder = split_onnx(model_dir / "model.onnx")
+                parts = [encoder.SerializeToString(), decoder.SerializeToString()]
+                has_config = (model_dir / CONFIG_FILE).exists()
+                config = read_config(model_dir) if has_config else infer_config(model_dir / "model.onnx")
+            self._encoder, self._decoder = (
+                onnxruntime.InferenceSession(part, sess_options=self._options, providers=self._providers)
+                for part in parts
             )
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise EngineError(f"cannot load {model_dir / 'model.onnx'}: {exc}") from exc
+        except Exception as exc:  # onnxruntime and onnx raise their own untyped errors
+            raise EngineError(f"cannot load the onnx voice from {model_dir}: {exc}") from exc
+        self._context = windows.decoder_context_frames(config)
+        self._hop = config.hop_length
 
     def _speaker_id(self, voice: str | None) -> int | None:
         self.check_voice(voice)
@@ -57,10 +86,9 @@ class OnnxEngine(PiperEngine):
             return None
         return self.voice.speakers.get(voice, 0) if voice else 0
 
-    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+    def _scales(self, params: SynthesisParams) -> np.ndarray:
         voice = self.voice
-        speaker = self._speaker_id(params.voice)
-        scales = np.array(
+        return np.array(
             [
                 voice.noise_scale if params.noise_scale is None else params.noise_scale,
                 voice.length_scale if params.length_scale is None else params.length_scale,
@@ -68,17 +96,39 @@ class OnnxEngine(PiperEngine):
             ],
             dtype=np.float32,
         )
+
+    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+        voice = self.voice
+        speaker = self._speaker_id(params.voice)
+        scales = self._scales(params)
         out = []
         for text in texts:
             pieces = [
-                self._run(ids, scales, speaker)
+                self._decode(self._latent(ids, scales, speaker))
                 for ids in phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map)
             ]
             out.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32))
         return out
 
-    def _run(self, ids: list[int], scales: np.ndarray, speaker: int | None) -> np.ndarray:
-        assert self._session is not None
+    def stream(
+        self, text: str, params: SynthesisParams, sizes: StreamWindows
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        voice = self.voice
+        speaker = self._speaker_id(params.voice)
+        scales = self._scales(params)
+        sentences = list(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map))
+        if not sentences:
+            yield np.zeros(0, dtype=np.float32), True
+        for k, ids in enumerate(sentences):
+            latent = self._latent(ids, scales, speaker)
+            plan = windows.plan(latent.shape[-1], sizes.first_frames, sizes.frames, self._context)
+            for n, w in enumerate(plan):
+                audio = self._decode(latent[:, :, w.context_start : w.context_end])
+                yield audio[w.keep(self._hop)], k == len(sentences) - 1 and n == len(plan) - 1
+
+    def _latent(self, ids: list[int], scales: np.ndarray, speaker: int | None) -> np.ndarray:
+        """Phoneme ids -> latent frames [1, inter, F]."""
+        assert self._encoder is not None
         feeds = {
             "input": np.asarray([ids], dtype=np.int64),  # [1, T]
             "input_lengths": np.asarray([len(ids)], dtype=np.int64),  # [1]
@@ -86,5 +136,10 @@ class OnnxEngine(PiperEngine):
         }
         if speaker is not None:
             feeds["sid"] = np.asarray([speaker], dtype=np.int64)
-        audio = self._session.run(None, feeds)[0]  # [1, 1, 1, samples]
+        return self._encoder.run(None, feeds)[0]
+
+    def _decode(self, latent: np.ndarray) -> np.ndarray:
+        """Latent frames [1, inter, F] -> audio [F * hop] float32 in [-1, 1]."""
+        assert self._decoder is not None
+        audio = self._decoder.run(None, {LATENT_NAME: np.ascontiguousarray(latent)})[0]  # [1, 1, 1, S]
         return np.clip(audio.reshape(-1), -1.0, 1.0).astype(np.float32, copy=False)

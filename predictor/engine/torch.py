@@ -9,15 +9,15 @@ to its own duration sum x hop length and the sentences of each text are joined i
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from predictor.engine import device as devices
-from predictor.engine import phonemes
-from predictor.engine.base import PiperEngine, SynthesisParams
+from predictor.engine import phonemes, windows
+from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
 from predictor.engine.convert import load_vits
 from predictor.engine.vits import Vits
 from predictor.errors import EngineError
@@ -51,6 +51,7 @@ class TorchEngine(PiperEngine):
             # Frame counts vary per request: compile once for dynamic lengths, never per new length.
             model.dec = torch.compile(model.dec, dynamic=True)  # type: ignore[assignment]
         self._model = model
+        self._context = windows.decoder_context_frames(model.config)
 
     def warmup(self, text: str) -> None:
         # Two lengths: the second makes torch.compile (if on) settle on its dynamic-shape graph and
@@ -84,11 +85,52 @@ class TorchEngine(PiperEngine):
             out[i].append(sentence_audio)
         return [np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32) for parts in out]
 
+    def stream(
+        self, text: str, params: SynthesisParams, sizes: StreamWindows
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        """Per sentence: text encoder, durations and flow at once, then the decoder window by window.
+
+        Sentence k draws its noise from seed + k, as in synthesize, so a seeded stream joins into
+        the same audio as the seeded whole."""
+        assert self._model is not None
+        voice, device, model = self.voice, self.plan.device, self._model
+        self.check_voice(params.voice)
+        sentences = list(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map))
+        hop = model.config.hop_length
+        if not sentences:
+            yield np.zeros(0, dtype=np.float32), True
+        for k, ids in enumerate(sentences):
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device=device).manual_seed(params.seed + k)
+            with torch.inference_mode():
+                z, _, _ = model.latent(
+                    torch.tensor([ids], dtype=torch.long, device=device),
+                    torch.tensor([len(ids)], dtype=torch.long, device=device),
+                    *self._scales(params),
+                    generator=generator,
+                )
+            plan = windows.plan(z.size(-1), sizes.first_frames, sizes.frames, self._context)
+            for n, w in enumerate(plan):
+                with torch.inference_mode():
+                    audio = model.decode(z[:, :, w.context_start : w.context_end])[0, w.keep(hop)]
+                    pcm = audio.clamp_(-1.0, 1.0).cpu().numpy()
+                yield pcm, k == len(sentences) - 1 and n == len(plan) - 1
+
+    def _scales(self, params: SynthesisParams) -> tuple[float, float, float]:
+        """(noise_scale, length_scale, noise_w): the request's, else the voice's own."""
+        voice = self.voice
+        return (
+            voice.noise_scale if params.noise_scale is None else params.noise_scale,
+            voice.length_scale if params.length_scale is None else params.length_scale,
+            voice.noise_w if params.noise_w is None else params.noise_w,
+        )
+
     def _run(
         self, batch_ids: list[list[int]], positions: list[int], params: SynthesisParams
     ) -> list[np.ndarray]:
         assert self._model is not None
-        voice, device = self.voice, self.plan.device
+        device = self.plan.device
         lengths = torch.tensor([len(ids) for ids in batch_ids], dtype=torch.long)
         ids = torch.zeros((len(batch_ids), int(lengths.max())), dtype=torch.long)  # [B, T], 0 = pad
         for row, seq in zip(ids, batch_ids, strict=False):
@@ -99,12 +141,7 @@ class TorchEngine(PiperEngine):
             generators = [torch.Generator(device=device).manual_seed(params.seed + k) for k in positions]
         with torch.inference_mode():
             result = self._model.infer(
-                ids.to(device),
-                lengths.to(device),
-                noise_scale=voice.noise_scale if params.noise_scale is None else params.noise_scale,
-                length_scale=voice.length_scale if params.length_scale is None else params.length_scale,
-                noise_w=voice.noise_w if params.noise_w is None else params.noise_w,
-                generator=generators,
+                ids.to(device), lengths.to(device), *self._scales(params), generator=generators
             )
             audio = result.audio.float().clamp_(-1.0, 1.0).cpu().numpy()  # [B, S]
             n = result.audio_lengths.cpu().tolist()

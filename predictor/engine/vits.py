@@ -794,7 +794,7 @@ class Vits(nn.Module):
         ]
 
     @torch.no_grad()
-    def infer(
+    def latent(
         self,
         phoneme_ids: torch.Tensor,
         lengths: torch.Tensor,
@@ -803,13 +803,13 @@ class Vits(nn.Module):
         noise_w: float,
         generator: GeneratorArg = None,
         noise: dict | None = None,
-    ) -> VitsOutput:
-        """Synthesize a padded batch.
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Text encoder, durations and flow: the decoder's input without running the decoder.
 
-        phoneme_ids: [B, T] long; lengths: [B] long. generator: one torch.Generator (items draw from
-        it in turn), one per item (an item's audio then depends only on its own seed, batched or not),
-        or None (torch's global RNG). noise: optional standard-normal tensors to use instead of drawing,
-        {"dp": [B, 2, T], "prior": [B, inter_channels, F]} where F = max frames (see durations()).
+        Returns z [B, inter, F] fp32 (zero past each item's frames), y_lengths [B] long and the ceiled
+        durations [B, T]. Arguments as for infer(). The decoder (`decode`) can then run over the whole
+        of z or over frame windows of it (engine/windows.py): it is convolutional, so a window with
+        enough context on each side gives the same samples as the whole.
         """
         b, _t = phoneme_ids.shape
         lengths = lengths.to(phoneme_ids.device)
@@ -837,14 +837,49 @@ class Vits(nn.Module):
         z_p = m_p + eps * torch.exp(logs_p) * noise_scale  # [B, inter, F]
 
         z = self.flow.reverse(z_p, y_mask)  # [B, inter, F]
+        return z * y_mask, y_lengths, w_ceil[:, 0]
 
-        # The generator in decoder_dtype; fp32 again for the caller.
+    @torch.no_grad()
+    def decode(self, z: torch.Tensor, y_lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """The HiFi-GAN generator over latent frames z [B, inter, F] -> audio [B, F * hop] fp32.
+
+        y_lengths: frames per item when the batch is padded (None: every item fills F); samples past
+        an item's end are zero. Runs in decoder_dtype.
+        """
         dtype = self.decoder_dtype
-        padded = bool((y_lengths < n_frames).any())
-        z = (z * y_mask).to(dtype)
-        audio = self.dec(z, y_mask.to(dtype) if padded else None)[:, 0].float()  # [B, S]
-
-        audio_lengths = y_lengths * self.config.hop_length
+        n_frames = z.size(-1)
+        padded = y_lengths is not None and bool((y_lengths < n_frames).any())
+        y_mask = None
         if padded:
+            assert y_lengths is not None
+            y_mask = sequence_mask(y_lengths, n_frames).unsqueeze(1).to(dtype)
+        audio = self.dec(z.to(dtype), y_mask)[:, 0].float()  # [B, S]
+        if padded:
+            assert y_lengths is not None
+            audio_lengths = y_lengths * self.config.hop_length
             audio = audio * sequence_mask(audio_lengths, audio.size(1)).to(audio.dtype)
-        return VitsOutput(audio, audio_lengths, w_ceil[:, 0])
+        return audio
+
+    @torch.no_grad()
+    def infer(
+        self,
+        phoneme_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        noise_scale: float,
+        length_scale: float,
+        noise_w: float,
+        generator: GeneratorArg = None,
+        noise: dict | None = None,
+    ) -> VitsOutput:
+        """Synthesize a padded batch.
+
+        phoneme_ids: [B, T] long; lengths: [B] long. generator: one torch.Generator (items draw from
+        it in turn), one per item (an item's audio then depends only on its own seed, batched or not),
+        or None (torch's global RNG). noise: optional standard-normal tensors to use instead of drawing,
+        {"dp": [B, 2, T], "prior": [B, inter_channels, F]} where F = max frames (see durations()).
+        """
+        z, y_lengths, durations = self.latent(
+            phoneme_ids, lengths, noise_scale, length_scale, noise_w, generator, noise
+        )
+        audio = self.decode(z, y_lengths)
+        return VitsOutput(audio, y_lengths * self.config.hop_length, durations)

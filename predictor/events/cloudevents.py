@@ -8,8 +8,15 @@ a Trigger filtering on the request type would otherwise feed our reply back to u
 - with ``output`` (s3://bucket/key): {"uri", "sha256", "bytes", "audio_seconds", "sample_rate",
   "format"}, the audio written once however often the event is redelivered (outputs.py);
 - without: {"audio_base64", "format", "sha256", "bytes", "audio_seconds", "sample_rate"}, up to
-  CE_INLINE_MAX_BYTES of encoded audio. The size is only known after synthesis, so an oversized event
-  costs one synthesis before its 413; the message says to pass ``output``.
+  CE_INLINE_MAX_BYTES of encoded audio. An event whose audio may exceed that (an upper bound from the
+  text's length, pace and format) is refused with 413 before synthesis, the message saying to pass
+  ``output``; the rare text that reads much longer than it is written is still caught after synthesis.
+
+Without a ``seed`` in the data, an engine that can seed its noise (torch) gets one derived from the
+event's (source, id): a redelivery gets the same audio, inline or not. onnx cannot seed, so an inline
+redelivery there is synthesized afresh (different noise); with ``output`` the stored reply is returned.
+
+``output`` must lie under one of CE_OUTPUT_PREFIXES (403 otherwise, before storage is touched).
 
 The reply's id is derived from the request's (source, id), so every redelivery gets the same reply id
 and a downstream consumer can drop duplicates by it.
@@ -19,20 +26,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from cloudevents.exceptions import GenericException as CloudEventError
 from cloudevents.http import CloudEvent, from_http, to_binary, to_structured
 
+from predictor import text as text_prep
 from predictor.audio import codecs
 from predictor.config import Settings
-from predictor.engine.base import SynthesisParams
-from predictor.errors import BadRequest, ReplyTooLarge
+from predictor.engine.base import SEED_LIMIT, SynthesisParams
+from predictor.errors import BadRequest, Forbidden, ReplyTooLarge
 from predictor.events.outputs import (
     Completion,
     EncodedAudio,
@@ -54,7 +65,11 @@ _REPLY_IDS = uuid.UUID("5b0c2f0e-8a0b-4f57-9a43-3f4c4e6f1d2a")
 
 
 def is_cloudevent(headers: Mapping[str, str]) -> bool:
-    return "ce-specversion" in headers or headers.get("content-type", "").split(";")[0].strip() == STRUCTURED
+    return "ce-specversion" in headers or _is_structured(headers)
+
+
+def _is_structured(headers: Mapping[str, str]) -> bool:
+    return headers.get("content-type", "").split(";")[0].strip().lower() == STRUCTURED
 
 
 @dataclass(frozen=True)
@@ -72,11 +87,37 @@ class SynthesisEvent:
         return event_key(self.event["source"], self.event["id"])
 
 
+# Context attributes every event must carry, as non-empty strings (CloudEvents 1.0, "REQUIRED").
+_REQUIRED = ("id", "source", "specversion", "type")
+# Optional context attributes of the spec, all strings when present (time and dataschema included).
+_OPTIONAL = ("datacontenttype", "dataschema", "subject", "time")
+# RFC 3986 URI-reference: only these characters, and '%' only as a two-digit escape.
+_URI_REFERENCE = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})+")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+
+
 def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> SynthesisEvent:
-    binary = "ce-specversion" in headers
+    """The event in either mode, its attributes and data type-checked before anything else reads them.
+
+    The SDK takes attributes as they come (an id that is a list or a number, a source with spaces)
+    and parses JSON without a depth limit (a deeply nested body is a RecursionError); both are 400
+    here, checked first.
+    """
+    # The mode as the SDK decides it: the structured content type wins over any ce- headers.
+    binary = not _is_structured(headers)
+    if binary:
+        _check_attributes({name: headers.get(f"ce-{name}") for name in (*_REQUIRED, *_OPTIONAL)}, "ce-")
+    else:
+        envelope = _json_body(body, "a structured CloudEvent")
+        if not isinstance(envelope, dict):
+            raise BadRequest("a structured CloudEvent must be a JSON object of attributes and data")
+        _check_attributes(envelope, "")
+        for name, value in envelope.items():
+            if name not in ("data", "data_base64") and not isinstance(value, (str, int, bool)):
+                raise BadRequest(f"CloudEvent attribute {name!r} must be a string, integer or boolean")
     try:
         event = from_http(dict(headers), body, data_unmarshaller=_json_data)
-    except (CloudEventError, ValueError) as exc:
+    except (CloudEventError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
         raise BadRequest(f"malformed CloudEvent: {exc}") from None
     if event["type"] != settings.ce_request_type:
         raise BadRequest(
@@ -89,7 +130,7 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
         {k: v for k, v in data.items() if k not in _EVENT_FIELDS}, strings_allowed=False, extra_ok=set()
     )
     (text,) = decode_texts([data["text"]], "data.text")
-    output = parse_output_uri(data["output"]) if data.get("output") is not None else None
+    output = _output(data["output"], settings) if data.get("output") is not None else None
     return SynthesisEvent(
         event=event,
         binary=binary,
@@ -101,6 +142,44 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     )
 
 
+def _check_attributes(attributes: Mapping[str, Any], prefix: str) -> None:
+    for name in _REQUIRED:
+        value = attributes.get(name)
+        if value is None:
+            raise BadRequest(f"malformed CloudEvent: attribute {prefix}{name} is missing")
+        if not isinstance(value, str) or not value:
+            raise BadRequest(f"malformed CloudEvent: attribute {prefix}{name} must be a non-empty string")
+    if attributes["specversion"] != "1.0":
+        raise BadRequest(f"malformed CloudEvent: specversion {attributes['specversion']!r} is not 1.0")
+    if not is_uri_reference(attributes["source"]):
+        raise BadRequest(f"malformed CloudEvent: source {attributes['source']!r} is not a URI-reference")
+    for name in _OPTIONAL:
+        value = attributes.get(name)
+        if value is not None and not isinstance(value, str):
+            raise BadRequest(f"malformed CloudEvent: attribute {prefix}{name} must be a string")
+
+
+def is_uri_reference(value: str) -> bool:
+    """RFC 3986 URI-reference, as CloudEvents requires of `source`: a URI ("urn:...", "https://...") or a
+    relative reference ("/sensors/1"); no spaces or other characters that must be escaped."""
+    if not _URI_REFERENCE.fullmatch(value):
+        return False
+    head = value.split("/", 1)[0]
+    if ":" in head.split("?", 1)[0].split("#", 1)[0]:
+        return bool(_SCHEME.fullmatch(head.split(":", 1)[0]))  # a scheme, well formed
+    return True
+
+
+def _output(uri: Any, settings: Settings) -> OutputTarget:
+    target = parse_output_uri(uri)
+    if any(segment in (".", "..") for segment in target.key.split("/")):
+        raise BadRequest(f"data.output {target.uri!r} has '.' or '..' segments; name the object plainly")
+    if not any(target.uri.startswith(prefix) for prefix in settings.output_prefixes):
+        allowed = ", ".join(settings.output_prefixes) or "none: CE_OUTPUT_PREFIXES is empty"
+        raise Forbidden(f"data.output {target.uri!r} is outside the allowed output locations ({allowed})")
+    return target
+
+
 def _format(name: Any) -> codecs.Format:
     supported = codecs.supported_formats()
     if not isinstance(name, str) or name not in supported:
@@ -108,13 +187,25 @@ def _format(name: Any) -> codecs.Format:
     return codecs.FORMATS[name]
 
 
+def _json_body(raw: bytes | str, what: str) -> Any:
+    # orjson, not json: it refuses nesting deeper than 1024 with an error instead of a RecursionError.
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from None
+
+
 def _json_data(raw: bytes | str | None) -> Any:
     if raw in (None, b"", ""):
         return None
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"event data is not valid JSON: {exc}") from None
+    assert raw is not None
+    return _json_body(raw, "event data")
+
+
+def inline_size_bound(text: str, params: SynthesisParams, fmt: codecs.Format, sample_rate: int) -> int:
+    """An upper bound on the encoded size of an inline reply, from the text alone, before synthesis."""
+    seconds = text_prep.spoken_seconds_bound(text, params.length_scale or 1.0)
+    return codecs.encoded_size_bound(seconds, fmt, sample_rate)
 
 
 async def complete(
@@ -123,9 +214,22 @@ async def complete(
     """Do what the event asks: synthesize, then write the output once, or carry the audio inline."""
     # Refuse a bad text or voice before storage is asked anything: a 400 must not depend on S3.
     service.check([request.text], request.params)
+    assert service.engine is not None  # check() requires ready
+    if request.params.seed is None and service.engine.supports_seed:
+        # The noise follows from the event, so a redelivery (same source and id) gets the same audio.
+        request = dataclasses.replace(
+            request, params=dataclasses.replace(request.params, seed=int(request.key, 16) % SEED_LIMIT)
+        )
     if request.output is not None:
         return await store.complete(
             request.output, request.key, request.data_sha256, lambda: _synthesize(request, service)
+        )
+    bound = inline_size_bound(request.text, request.params, request.format, service.sample_rate)
+    if bound > settings.ce_inline_max_bytes:
+        raise ReplyTooLarge(
+            f"the {request.format.name} audio of {len(request.text)} characters may reach {bound} bytes, over "
+            f"CE_INLINE_MAX_BYTES={settings.ce_inline_max_bytes} for an inline reply; pass data.output (an "
+            "s3:// URI) to have it written to storage, or send a shorter text"
         )
     encoded = await _synthesize(request, service)
     if len(encoded.data) > settings.ce_inline_max_bytes:

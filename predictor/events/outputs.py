@@ -146,6 +146,7 @@ class OutputStore:
 
     def __init__(self, settings: Settings):
         self._part_size = settings.ce_output_part_size_mib * 1024 * 1024
+        self._read_timeout_s = settings.s3_read_timeout_s
         self._client = None
         self._client_lock = threading.Lock()
         self._in_flight: dict[str, asyncio.Future[Completion]] = {}
@@ -210,7 +211,7 @@ class OutputStore:
         # the cold start of predictors that never see one.
         with self._client_lock:
             if self._client is None:
-                self._client = s3_client(concurrency=8)
+                self._client = s3_client(concurrency=8, read_timeout_s=self._read_timeout_s)
             return self._client
 
     def _find(self, target: OutputTarget, key: str, request_sha256: str) -> Completion | object:

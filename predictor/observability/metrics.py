@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from predictor.observability import memory
+
 # Cold start runs once per process; the phase gauges hold its durations for the life of the pod.
 COLD_START_SECONDS = Gauge(
     "tts_cold_start_seconds",
@@ -17,6 +19,12 @@ COLD_START_SECONDS = Gauge(
 FETCH_BYTES = Counter("tts_fetch_bytes", "Bytes of model artifact downloaded into MODEL_DIR.")
 FETCH_FILES = Counter(
     "tts_fetch_files", "Artifact files by outcome (downloaded, or skipped as already verified).", ["outcome"]
+)
+COLD_START_FAILURES = Counter(
+    "tts_cold_start_failures",
+    "Whole artifact fetches that failed at cold start, by reason (unreachable, not_found, integrity, "
+    "model_dir, unsafe_path, storage); the model stays not ready and the fetch is tried again.",
+    ["reason"],
 )
 READY = Gauge("tts_model_ready", "1 once the model is loaded and warm, 0 before and while draining.")
 
@@ -74,6 +82,15 @@ SHADOW_RECORDS = Counter(
     "to keep a record), lost (the sink failed after retries).",
     ["outcome"],
 )
+
+# prometheus_client's own process collector already exports process_resident_memory_bytes (now); the
+# peak is what sizes a pod's memory limit, and it cannot be read back from samples scraped every 15 s.
+PEAK_RESIDENT_BYTES = Gauge(
+    "tts_process_peak_resident_bytes",
+    "Largest resident memory of this process since it started, bytes (VmHWM); "
+    "process_resident_memory_bytes is the current figure.",
+)
+PEAK_RESIDENT_BYTES.set_function(memory.peak_resident_bytes)
 
 MOS_UNSCORED = Counter(
     "tts_mos_unscored",

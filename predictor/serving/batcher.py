@@ -9,6 +9,10 @@ the queue at once. A caller that goes away once its batch is running has its res
 Compatible requests (same synthesis parameters, no seed) are merged into one engine call of up to
 MAX_BATCH_SIZE texts; the first waits at most MAX_BATCH_DELAY_MS for companions. Seeded requests run
 alone, so a seed always sees the same sentence positions.
+
+A streamed request (submit_stream) runs alone too: the engine thread hands each decoder window to the
+event loop as it is decoded and, before decoding the next, checks whether the caller went away; if
+so it stops there, so a hang-up costs at most one window of engine time.
 """
 
 from __future__ import annotations
@@ -19,18 +23,20 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from predictor.engine.base import SynthesisParams
 from predictor.errors import Overloaded
-from predictor.observability import metrics
+from predictor.observability import memory, metrics
 
 log = logging.getLogger("predictor.batcher")
 
 RunBatch = Callable[[Sequence[str], SynthesisParams], list[np.ndarray]]
+RunStream = Callable[[str, SynthesisParams], Iterator[tuple[np.ndarray, bool]]]
+OnPiece = Callable[[np.ndarray, bool], None]
 
 
 @dataclass(eq=False)
@@ -40,9 +46,11 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
+    on_piece: OnPiece | None = None  # set for a streamed request: called on the loop per window
 
     def mergeable_with(self, other: _Job) -> bool:
-        return self.params.seed is None and self.params == other.params
+        streamed = self.on_piece is not None or other.on_piece is not None
+        return not streamed and self.params.seed is None and self.params == other.params
 
     def resolve(
         self, result: tuple[list[np.ndarray], float] | None = None, error: BaseException | None = None
@@ -67,23 +75,44 @@ class Batcher:
         max_delay_s: float,
         max_queue: int,
         timeout_s: float,
+        trim_when_idle: bool = True,
+        run_stream: RunStream | None = None,
     ):
         self._run_batch = run_batch
+        self._run_stream = run_stream
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
         self._max_queue = max_queue
         self._timeout_s = timeout_s
+        self._trim_when_idle = trim_when_idle
+        self._trim_due = False
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._job_seconds = 1.0  # moving average of engine time per call: sizes Retry-After
         self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
         self._thread.start()
 
-    def submit(self, texts: list[str], params: SynthesisParams) -> asyncio.Future:
+    def trim_when_idle(self) -> None:
+        """Every request has been answered: once its queue is empty, the engine thread gives the
+        memory they freed back to the kernel (observability/memory.py says why)."""
+        if not self._trim_when_idle:
+            return
+        with self._cond:
+            self._trim_due = True
+            self._cond.notify()
+
+    def submit(
+        self, texts: list[str], params: SynthesisParams, on_piece: OnPiece | None = None
+    ) -> asyncio.Future:
         """Queue a request (called on the event loop).
 
-        The future resolves to (one array per text, engine seconds of the call that made them).
+        The future resolves to (one array per text, engine seconds of the call that made them). With
+        on_piece, the one text is streamed instead: on_piece(audio, last) is called on the event loop
+        for each window, all before the future resolves to ([], engine seconds); cancelling the
+        future stops the stream at the next window.
         """
+        if on_piece is not None and (self._run_stream is None or len(texts) != 1):
+            raise ValueError("a streamed request needs run_stream and exactly one text")
         loop = asyncio.get_running_loop()
         with self._cond:
             if len(self._queue) >= self._max_queue:
@@ -92,7 +121,7 @@ class Batcher:
                 raise Overloaded(
                     f"the queue is full ({self._max_queue} requests waiting); retry later", retry
                 )
-            job = _Job(texts=texts, params=params, future=loop.create_future(), loop=loop)
+            job = _Job(texts=texts, params=params, future=loop.create_future(), loop=loop, on_piece=on_piece)
             self._queue.append(job)
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._cond.notify()
@@ -134,6 +163,9 @@ class Batcher:
             texts = [t for job in batch for t in job.texts]
             metrics.BATCH_SIZE.observe(len(texts))
             start = time.monotonic()
+            if batch[0].on_piece is not None:
+                self._stream(batch[0], start)
+                continue
             try:
                 audio = self._run_batch(texts, batch[0].params)
             except BaseException as exc:  # the engine's error belongs to the requests that ran
@@ -146,13 +178,30 @@ class Batcher:
             for job in batch:
                 job.resolve(result=(audio[offset : offset + len(job.texts)], elapsed))
                 offset += len(job.texts)
+            del audio, batch  # this thread's references: an idle trim must find them freed
+
+    def _stream(self, job: _Job, start: float) -> None:
+        assert self._run_stream is not None and job.on_piece is not None
+        on_piece = job.on_piece
+        try:
+            for audio, last in self._run_stream(job.texts[0], job.params):
+                job.loop.call_soon_threadsafe(on_piece, audio, last)
+                if job.future.cancelled():  # the caller went away: stop before the next window
+                    metrics.REJECTED.labels("cancelled").inc()
+                    break
+        except BaseException as exc:  # the engine's error belongs to the request that ran
+            job.resolve(error=exc)
+            return
+        elapsed = time.monotonic() - start
+        self._job_seconds = 0.8 * self._job_seconds + 0.2 * elapsed
+        job.resolve(result=([], elapsed))
 
     def _next_batch(self) -> list[_Job]:
         with self._cond:
             first = self._take()
             batch, size = [first], len(first.texts)
             deadline = time.monotonic() + self._max_delay_s
-            while size < self._max_batch_size and first.params.seed is None:
+            while size < self._max_batch_size and first.params.seed is None and first.on_piece is None:
                 companion = next(
                     (
                         j
@@ -178,6 +227,16 @@ class Batcher:
         """The oldest live job; expired and abandoned ones are resolved or skipped on the way."""
         while True:
             while not self._queue:
+                if self._trim_due:
+                    self._trim_due = False
+                    # Outside the lock: a request arriving meanwhile is queued, and waits for the
+                    # trim (milliseconds) rather than for the lock.
+                    self._cond.release()
+                    try:
+                        memory.release()
+                    finally:
+                        self._cond.acquire()
+                    continue
                 self._cond.wait()
             job = self._queue.popleft()
             metrics.QUEUE_DEPTH.set(len(self._queue))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from predictor.artifact.fetch import FetchReport
     from predictor.artifact.manifest import Manifest
     from predictor.engine.base import Engine
+    from predictor.errors import StorageError
 
 T = TypeVar("T")
 log = logging.getLogger("predictor.coldstart")
@@ -37,6 +39,8 @@ log = logging.getLogger("predictor.coldstart")
 # Whole-artifact attempts on top of the per-part retries inside fetching.fetch: a file that failed
 # its checksum is fetched again from scratch before we give up and stay not ready.
 FETCH_ATTEMPTS = 3
+# Set on drain: a cold start still retrying its fetch gives up, so the process can exit.
+_ABANDONED = threading.Event()
 
 
 @dataclass
@@ -107,7 +111,7 @@ def _construct(settings: Settings) -> Engine:
     try:
         return engines.create(settings)
     except EngineError as exc:
-        raise ConfigError(f"ENGINE={settings.engine} DEVICE={settings.device}: {exc.message}") from exc
+        raise ConfigError(f"ENGINE={settings.engine_name} DEVICE={settings.device}: {exc.message}") from exc
 
 
 def _timed(phases: dict[str, tuple[int, int]], name: str, step: Callable[[], T]) -> T:
@@ -118,10 +122,14 @@ def _timed(phases: dict[str, tuple[int, int]], name: str, step: Callable[[], T])
 
 
 def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> ColdStart:
+    from predictor.errors import StorageError
     from predictor.observability import metrics
 
     phases: dict[str, tuple[int, int]] = {}
-    manifest, report = fetching.result()
+    try:
+        manifest, report = fetching.result()
+    except StorageError as exc:
+        manifest, report = _until_fetched(settings, exc)
     phases["fetch"] = (fetching.started_ns, time.time_ns())
     metrics.FETCH_BYTES.inc(report.bytes_downloaded)
     metrics.FETCH_FILES.labels("downloaded").inc(report.files_downloaded)
@@ -130,6 +138,42 @@ def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> Co
     _timed(phases, "load", lambda: eng.load(settings.model_dir))
     _timed(phases, "warmup", lambda: eng.warmup(settings.warmup_text))
     return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases)
+
+
+def abandon() -> None:
+    """Stop trying to fetch (the process is draining): the recovery loop ends at its next wait."""
+    _ABANDONED.set()
+
+
+def _until_fetched(settings: Settings, error: StorageError) -> tuple[Manifest, FetchReport]:
+    """Fetch again every FETCH_RECOVERY_S until it succeeds; the model is not ready meanwhile.
+
+    Storage that is down, a bucket not yet published or a full emptyDir can all come right without
+    this container restarting, and a restart would pay the imports again and still find the same
+    storage. What was downloaded stays on disk and is resumed. Each failure is logged with its reason
+    and counted in tts_cold_start_failures_total{reason}; the startup probe's failureThreshold remains
+    the backstop that restarts a pod that never recovers.
+    """
+    from predictor.errors import StorageError
+    from predictor.observability import metrics
+
+    while True:
+        metrics.COLD_START_FAILURES.labels(error.reason).inc()
+        log.error(
+            "fetching the artifact failed; the model stays not ready, next try in %g s: %s",
+            settings.fetch_recovery_s,
+            error.message,
+            extra={"reason": error.reason},
+        )
+        if _ABANDONED.wait(settings.fetch_recovery_s):
+            raise error
+        try:
+            manifest, report = fetch(settings)
+        except StorageError as exc:
+            error = exc
+            continue
+        log.info("the artifact fetch recovered; loading")
+        return manifest, report
 
 
 def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
@@ -144,7 +188,7 @@ def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
                 uri,
                 settings.model_dir,
                 **fetching.FetchOptions.from_settings(settings).as_kwargs(),
-                engine=settings.engine,
+                engine=settings.engine_name,
             )
             return manifest, report
         except (TransientStorageError, IntegrityError) as exc:

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from typing import Any
 
 from grpc import StatusCode
+from grpc_interceptor.exceptions import GrpcException
+from kserve.errors import (
+    InferenceError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    ServerNotLive,
+    ServerNotReady,
+    UnsupportedProtocol,
+)
 from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 
 from predictor.errors import PredictorError
@@ -19,12 +30,29 @@ log = logging.getLogger("predictor.server")
 
 GRPC_SYNTHESIS_METHODS = frozenset({"ModelInfer"})
 
+# The call's request id, for the log line of an unexpected error (one interceptor serves every call).
+_REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("grpc_request_id", default="")
+
+# What KServe's interceptor maps to a status itself; anything else reaching it is a bug of ours.
+_KSERVE_ERRORS = (
+    InferenceError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    ServerNotLive,
+    ServerNotReady,
+    UnsupportedProtocol,
+    NotImplementedError,
+)
+
 
 # Shadow records carry HTTP statuses, so compare can count errors alike across REST and gRPC.
 _GRPC_AS_HTTP = {
     StatusCode.OK: 200,
     StatusCode.INVALID_ARGUMENT: 400,
     StatusCode.NOT_FOUND: 404,
+    StatusCode.PERMISSION_DENIED: 403,
+    StatusCode.RESOURCE_EXHAUSTED: 413,
     StatusCode.UNAVAILABLE: 503,
     StatusCode.UNIMPLEMENTED: 501,
 }
@@ -48,6 +76,7 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
         await context.send_initial_metadata(
             ((request_ids.REQUEST_ID_HEADER, rid), (request_ids.REVISION_HEADER, self._revision))
         )
+        _REQUEST_ID.set(rid)
         started = time.perf_counter()
         # Audio is captured only for calls that will leave a record, as in the REST middleware.
         recorded = self._recorder is not None and name in GRPC_SYNTHESIS_METHODS
@@ -77,4 +106,18 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
             if ex.http_status >= 500:
                 log.warning("grpc %s failed: %s", method_name, ex.message)
             await context.abort(StatusCode[ex.grpc_status], ex.message)
+        if not isinstance(ex, _KSERVE_ERRORS) and not isinstance(ex, GrpcException):
+            # As over REST: one log line with the request id and the traceback, INTERNAL with a message
+            # naming the id (the metadata, sent first, carries it too).
+            rid = _REQUEST_ID.get()
+            log.error(
+                "unhandled error: %s: %s",
+                type(ex).__name__,
+                ex,
+                exc_info=ex,
+                extra={"request_id": rid, "route": "grpc:" + method_name.rsplit("/", 1)[-1]},
+            )
+            await context.abort(
+                StatusCode.INTERNAL, f"internal error ({type(ex).__name__}); request id {rid}"
+            )
         await super().handle_exception(ex, request_or_iterator, context, method_name)

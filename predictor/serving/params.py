@@ -11,6 +11,7 @@ import numpy as np
 from google.protobuf.unknown_fields import UnknownFieldSet
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
+from predictor import text as text_prep
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
 
@@ -35,7 +36,7 @@ PROTOCOL_PARAMS = {
 }
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A gRPC InferParameter (or a REST JSON value) as a plain Python value."""
     if not isinstance(value, pb.InferParameter):
         return value
@@ -80,7 +81,7 @@ def parse_params(
     """Synthesis parameters from a request's parameter map; unknown names are refused."""
     values: dict[str, Any] = {}
     for name, value in (raw or {}).items():
-        value = _plain(value)
+        value = plain_value(value)
         if name in ("length_scale", "noise_scale", "noise_w"):
             values[name] = _number(name, value, strings_allowed)
         elif name == "seed":
@@ -95,6 +96,9 @@ def parse_params(
 
 
 def decode_texts(items: Any, where: str = "text") -> list[str]:
+    """Texts as every protocol sends them (str or UTF-8 bytes), normalized once, here at the boundary:
+    control characters (NUL included) and lone surrogates become spaces, so none ever reaches
+    espeak-ng; see text.normalize."""
     out = []
     for i, item in enumerate(items):
         if isinstance(item, (bytes, bytearray, np.bytes_)):
@@ -106,5 +110,5 @@ def decode_texts(items: Any, where: str = "text") -> list[str]:
                 ) from None
         if not isinstance(item, str):
             raise BadRequest(f"{where}[{i}] must be a UTF-8 string, got {type(item).__name__}")
-        out.append(item)
+        out.append(text_prep.normalize(item))
     return out

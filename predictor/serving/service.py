@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from predictor import text as text_prep
 from predictor.config import Settings
-from predictor.engine.base import Engine, SynthesisParams
-from predictor.errors import BadRequest, NotReady
+from predictor.engine.base import Engine, StreamWindows, SynthesisParams
+from predictor.errors import BadRequest, NothingToSpeak, NotReady
 from predictor.observability import metrics, tracing
 from predictor.serving.batcher import Batcher
 from predictor.shadow import recorder as records
@@ -81,12 +82,15 @@ class TTSService:
         settings = self.settings
         # Measured: on CPU a batch loses throughput (bench `engines`); on a GPU it fills the card.
         auto = 16 if settings.device.startswith("cuda") else 1
+        sizes = StreamWindows(settings.stream_first_window_frames, settings.stream_window_frames)
         self._batcher = Batcher(
             engine.synthesize,
+            run_stream=lambda text, params: engine.stream(text, params, sizes),
             max_batch_size=settings.max_batch_size or auto,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,
             timeout_s=settings.request_timeout_s,
+            trim_when_idle=settings.memory_trim,
         )
         self.engine = engine
         self._ready = True
@@ -136,6 +140,8 @@ class TTSService:
         finally:
             _ADMISSION.reset(token)
             self._admitted.discard(admission)
+            if self._batcher is not None and self._idle_now():
+                self._batcher.trim_when_idle()
             async with self._idle:
                 self._idle.notify_all()
 
@@ -181,6 +187,8 @@ class TTSService:
                 raise BadRequest(
                     f"text[{i}] has {len(text)} characters; the limit is MAX_TEXT_CHARS={self.settings.max_text_chars}"
                 )
+            if not text_prep.has_pronounceable(text):
+                raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
         self.check_params(params)
 
     def check_params(self, params: SynthesisParams) -> None:
@@ -192,9 +200,55 @@ class TTSService:
             )
         self.engine.check_voice(params.voice)
 
-    async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
+    def _with_defaults(self, params: SynthesisParams) -> SynthesisParams:
         if params.length_scale is None and self.settings.default_length_scale:
             params = dataclasses.replace(params, length_scale=self.settings.default_length_scale)
+        return params
+
+    async def stream(self, text: str, params: SynthesisParams) -> AsyncIterator[tuple[np.ndarray, bool]]:
+        """The audio of one text as (float32 piece, last) per decoder window, as each is decoded.
+
+        Admission, queue, timeout and drain as for synthesize: the stream takes one place in the queue
+        and holds the engine thread window after window. Closing the iterator early (a client that
+        hung up) stops the engine at the next window. A text with nothing to speak yields one empty
+        last piece rather than failing mid-stream.
+        """
+        params = self._with_defaults(params)
+        self.check([text], params)
+        assert self._batcher is not None and self.engine is not None
+        sample_rate = self.engine.sample_rate
+        pieces: asyncio.Queue[tuple[np.ndarray, bool] | None] = asyncio.Queue()
+        spoken: list[np.ndarray] = []
+        self._in_flight += 1
+        metrics.IN_FLIGHT.inc()
+        future = None
+        try:
+            future = self._batcher.submit(
+                [text], params, on_piece=lambda a, last: pieces.put_nowait((a, last))
+            )
+            # Resolves after every piece was queued (same loop, FIFO): None marks the end.
+            future.add_done_callback(lambda _: pieces.put_nowait(None))
+            while (piece := await pieces.get()) is not None:
+                spoken.append(piece[0])
+                yield piece
+            _, engine_seconds = future.result()  # the engine's error, if it failed
+        finally:
+            if future is not None and not future.done():
+                future.cancel()
+            self._in_flight -= 1
+            metrics.IN_FLIGHT.dec()
+            async with self._idle:
+                self._idle.notify_all()
+        audio = np.concatenate(spoken) if spoken else np.zeros(0, dtype=np.float32)
+        records.capture([text], [audio], sample_rate)
+        seconds = len(audio) / sample_rate
+        metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
+        metrics.AUDIO_SECONDS.observe(seconds)
+        if seconds > 0:
+            metrics.REAL_TIME_FACTOR.observe(engine_seconds / seconds)
+
+    async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
+        params = self._with_defaults(params)
         self.check(texts, params)
         assert self._batcher is not None and self.engine is not None
         self._in_flight += 1
@@ -216,7 +270,7 @@ class TTSService:
                 self._idle.notify_all()
         for i, a in enumerate(audio):
             if len(a) == 0:
-                raise BadRequest(f"text[{i}] has nothing to speak (no phonemes)")
+                raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
         records.capture(texts, audio, result.sample_rate)  # for this request's shadow record, if any
         metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
         metrics.AUDIO_SECONDS.observe(result.audio_seconds)

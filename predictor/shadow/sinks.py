@@ -32,10 +32,10 @@ def _batch_key(revision: str) -> str:
 
 
 class S3Sink:
-    def __init__(self, bucket: str, prefix: str, revision: str):
+    def __init__(self, bucket: str, prefix: str, revision: str, read_timeout_s: float = 60.0):
         from predictor.storage.s3 import s3_client
 
-        self._client = s3_client(concurrency=1)
+        self._client = s3_client(concurrency=1, read_timeout_s=read_timeout_s)
         self._bucket, self._prefix, self._revision = bucket, prefix, revision
 
     def write(self, body: bytes) -> None:
@@ -56,7 +56,7 @@ class DirSink:
         atomic_write_bytes(self._root / _batch_key(self._revision), body)
 
 
-def open_sink(uri: str, revision: str) -> Sink | None:
+def open_sink(uri: str, revision: str, read_timeout_s: float = 60.0) -> Sink | None:
     """The sink SHADOW_SINK names: None (off), stdout, s3://bucket/prefix, or a local directory."""
     if not uri:
         return None
@@ -66,5 +66,5 @@ def open_sink(uri: str, revision: str) -> Sink | None:
 
     scheme, root, prefix = parse_uri(uri)
     if scheme == "s3":
-        return S3Sink(root, prefix, revision)
+        return S3Sink(root, prefix, revision, read_timeout_s)
     return DirSink(Path(root), revision)

@@ -59,11 +59,12 @@ def failure(exc: Any) -> S3Failure:
     return S3Failure(code, status, f"{code or status} {error.get('Message', '')}".strip())
 
 
-def s3_client(*, concurrency: int, endpoint_url: str | None = None) -> Any:
+def s3_client(*, concurrency: int, endpoint_url: str | None = None, read_timeout_s: float = 60.0) -> Any:
     """One S3 client for all threads (boto3 clients are thread-safe), with a connection per worker.
 
     botocore's own retries are off (one attempt in total): fetch retries per part and resumes where a
-    dropped stream stopped, which botocore cannot do.
+    dropped stream stopped, which botocore cannot do. ``read_timeout_s`` (S3_READ_TIMEOUT_S) is how
+    long a connection may stay silent before it counts as dropped: what a stalled store costs.
     """
     import boto3
     from botocore.config import Config
@@ -72,7 +73,7 @@ def s3_client(*, concurrency: int, endpoint_url: str | None = None) -> Any:
         max_pool_connections=concurrency + 2,
         retries={"total_max_attempts": 1},
         connect_timeout=10,
-        read_timeout=60,
+        read_timeout=read_timeout_s,
     )
     # A session of our own: the default one behind boto3.client() is shared process-wide state.
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)

@@ -1,0 +1,142 @@
+"""Triton's bidirectional `ModelStreamInfer` on the v2 gRPC service: one response per audio window.
+
+KServe's servicer has no streaming method, so this handler adds it to the same service name
+(`inference.GRPCInferenceService`), where Triton's clients (`tritonclient.grpc` `start_stream` /
+`async_stream_infer`) look for it. Each request on the stream carries one text (input `text`, BYTES,
+shape [1]) and the usual v2 parameters; it is synthesized through the shared queue and decoded in
+windows (engine/windows.py), and each window goes back as soon as it is decoded: outputs `audio`
+FP32 [1, S] and `audio_length` INT64 [1], the request's id echoed, parameter `sample_rate`.
+
+Decoupled protocol, as Triton's decoupled models answer: every response carries the parameter
+`triton_final_response`, true on the request's last one. A request with the parameter
+`triton_enable_empty_final_response` true gets its data responses flagged false and then one empty
+response flagged true, as Triton sends it.
+
+Requests on one stream are answered in order. A malformed request, or one that fails, gets one response
+with `error_message` set (Triton's stream error) and the stream stays open for the next request. A
+stream closed by the client stops the engine at the next window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+from kserve.protocol.infer_type import InferRequest
+
+from predictor.api.v2 import decode_v2
+from predictor.errors import BadRequest, PredictorError
+from predictor.serving.service import TTSService
+
+log = logging.getLogger("predictor.stream_infer")
+
+SERVICE = "inference.GRPCInferenceService"
+METHOD = f"/{SERVICE}/ModelStreamInfer"
+FINAL = "triton_final_response"
+EMPTY_FINAL = "triton_enable_empty_final_response"
+
+
+@dataclass(frozen=True)
+class StreamResponse:
+    """Triton's ModelStreamInferResponse: error_message (1) or infer_response (2).
+
+    KServe's proto has no such message and Triton's cannot be imported next to KServe's (both
+    declare package `inference`), so it is written here; its infer_response is KServe's
+    ModelInferResponse, the same message on the wire.
+    """
+
+    error_message: str = ""
+    infer_response: pb.ModelInferResponse | None = None
+
+    def serialize(self) -> bytes:
+        out = b""
+        if self.error_message:
+            out += _field(1, self.error_message.encode("utf-8"))
+        if self.infer_response is not None:
+            out += _field(2, self.infer_response.SerializeToString())
+        return out
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+class StreamInferHandler(grpc.GenericRpcHandler):
+    """Serves ModelStreamInfer; every other method falls through to KServe's servicer."""
+
+    def __init__(self, service: TTSService, model_name: str):
+        self._service = service
+        self._model_name = model_name
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        if handler_call_details.method != METHOD:
+            return None
+        return grpc.stream_stream_rpc_method_handler(
+            self._stream,
+            request_deserializer=pb.ModelInferRequest.FromString,
+            response_serializer=StreamResponse.serialize,
+        )
+
+    async def _stream(
+        self, requests: AsyncIterator[pb.ModelInferRequest], _context: Any
+    ) -> AsyncIterator[StreamResponse]:
+        async for request in requests:
+            try:
+                async for response in self._answer(request):
+                    yield response
+            except PredictorError as exc:
+                if exc.http_status >= 500:
+                    log.warning("stream request %r failed: %s", request.id, exc.message)
+                yield StreamResponse(error_message=exc.message)
+
+    async def _answer(self, request: pb.ModelInferRequest) -> AsyncIterator[StreamResponse]:
+        if request.model_name != self._model_name:
+            raise BadRequest(f"unknown model {request.model_name!r}; this server serves {self._model_name!r}")
+        empty_final = False
+        if EMPTY_FINAL in request.parameters:
+            empty_final = request.parameters[EMPTY_FINAL].bool_param
+            del request.parameters[EMPTY_FINAL]
+        try:
+            payload = InferRequest.from_grpc(request)
+        except Exception as exc:  # KServe raises several types for malformed tensors
+            raise BadRequest(f"malformed request: {exc}") from None
+        call = decode_v2(payload, binary_default=bool(payload.use_binary_outputs))
+        if len(call.texts) != 1:
+            raise BadRequest(f"a streamed request carries one text (shape [1]), got {len(call.texts)}")
+        raw = all(binary for _, binary in call.outputs)
+        sample_rate = self._service.sample_rate
+        async for audio, last in self._service.stream(call.texts[0], call.params):
+            response = pb.ModelInferResponse(model_name=self._model_name, id=call.request_id)
+            response.parameters["sample_rate"].int64_param = sample_rate
+            response.parameters[FINAL].bool_param = last and not empty_final
+            tensors = {
+                "audio": (audio.reshape(1, -1), "FP32", "fp32_contents"),
+                "audio_length": (np.array([len(audio)], dtype=np.int64), "INT64", "int64_contents"),
+            }
+            for name, _ in call.outputs:
+                array, datatype, field = tensors[name]
+                out = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+                if raw:
+                    response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+                else:
+                    getattr(out.contents, field).extend(array.reshape(-1).tolist())
+            yield StreamResponse(infer_response=response)
+        if empty_final:
+            response = pb.ModelInferResponse(model_name=self._model_name, id=call.request_id)
+            response.parameters[FINAL].bool_param = True
+            yield StreamResponse(infer_response=response)

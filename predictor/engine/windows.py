@@ -1,0 +1,76 @@
+"""Decoding a latent in frame windows that join into exactly the whole decode.
+
+The HiFi-GAN generator is a stack of convolutions over time, so each output sample depends only on
+latent frames within a fixed distance: its receptive field. A window of frames decoded together with
+that many frames of context on each side (fewer at the ends of the latent, where the whole decode sees
+zero padding too) therefore gives the same samples as the whole decode over the window's own frames;
+only those samples (frames x hop_length) are kept. The context is computed from the voice's
+hyperparameters (vits.json), never assumed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from predictor.engine.vits import Generator, VitsConfig
+
+
+def decoder_context_frames(config: VitsConfig) -> int:
+    """Latent frames on each side that an output sample of the generator can depend on (rounded up).
+
+    Walks the generator's layers from its input: conv_pre at frame rate, then per upsampling stage the
+    transposed convolution (reach ceil(k / u) of its inputs) and the widest chain of its residual
+    blocks at the new rate, then conv_post at the sample rate. Each reach is converted to frames at the
+    rate it acts on and summed; one frame more covers the rounding of the transposed convolutions.
+    """
+    pre_post_radius = (Generator.PRE_POST_KERNEL - 1) // 2
+    frames = float(pre_post_radius)  # conv_pre, at one position per frame
+    rate = 1  # positions per frame at the current stage
+    for u, k in zip(config.upsample_rates, config.upsample_kernel_sizes, strict=True):
+        frames += math.ceil(k / u) / rate  # the transposed conv, in its input positions
+        rate *= u
+        widest = 0
+        for rk, dilations in zip(config.resblock_kernel_sizes, config.resblock_dilation_sizes, strict=True):
+            radius = (rk - 1) // 2
+            reach = sum(radius * d for d in dilations)
+            if config.resblock == "1":
+                reach += radius * len(dilations)  # each dilated conv is followed by an undilated one
+            widest = max(widest, reach)
+        frames += widest / rate
+    frames += pre_post_radius / rate  # conv_post, at the sample rate
+    return math.ceil(frames) + 1
+
+
+@dataclass(frozen=True)
+class Window:
+    """Decode frames [context_start, context_end); keep frames [start, end) of the result."""
+
+    start: int
+    end: int
+    context_start: int
+    context_end: int
+
+    def keep(self, hop_length: int) -> slice:
+        """The samples of the decoded context window that belong to this window."""
+        offset = (self.start - self.context_start) * hop_length
+        return slice(offset, offset + (self.end - self.start) * hop_length)
+
+
+def plan(n_frames: int, first_frames: int, window_frames: int, context: int) -> list[Window]:
+    """Windows covering [0, n_frames): the first of first_frames, the rest of window_frames.
+
+    A remainder shorter than half a window joins the window before it (never the first, which sets the
+    time to first audio) instead of costing a window's context on its own.
+    """
+    if n_frames <= 0:
+        return []
+    bounds = [0, min(first_frames, n_frames)]
+    while bounds[-1] < n_frames:
+        bounds.append(min(bounds[-1] + window_frames, n_frames))
+    if len(bounds) > 3 and bounds[-1] - bounds[-2] < window_frames // 2:
+        del bounds[-2]
+    return [
+        Window(a, b, max(0, a - context), min(n_frames, b + context)) for a, b in itertools.pairwise(bounds)
+    ]

@@ -1,0 +1,183 @@
+"""Open-loop load: requests sent on a fixed schedule whatever the server answers (as independent
+clients arrive), each outcome recorded; and resident memory sampled from /proc meanwhile.
+
+Closed-loop clients (send, wait, send) slow down with the server and can never overload it; an
+overload test needs arrivals that do not.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import psutil
+
+from testing.bodies import v2_request
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Outcome:
+    sent_at: float  # seconds since the load started
+    kind: str  # what the body was ("short", "max", ...), from the caller
+    status: int | str  # HTTP status, or the transport error's class name
+    seconds: float
+    retry_after: str | None
+
+
+def open_loop(
+    url: str,
+    body: Callable[[int], tuple[str, dict[str, Any]]],
+    rate: float,
+    duration_s: float,
+    timeout_s: float = 120.0,
+) -> list[Outcome]:
+    """POST ``body(i)`` (a kind and a JSON body) to ``url`` at ``rate`` per second for ``duration_s``."""
+    count = math.ceil(rate * duration_s)
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    with httpx.Client(timeout=timeout_s, limits=limits) as client, ThreadPoolExecutor(256) as pool:
+        start = time.monotonic()
+
+        def send(i: int) -> None:
+            kind, payload = body(i)
+            sent = time.monotonic()
+            try:
+                response = client.post(url, json=payload)
+                status: int | str = response.status_code
+                retry_after = response.headers.get("retry-after")
+            except httpx.TransportError as exc:
+                status, retry_after = type(exc).__name__, None
+            with lock:
+                outcomes.append(Outcome(sent - start, kind, status, time.monotonic() - sent, retry_after))
+
+        for i in range(count):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(send, i)
+    return sorted(outcomes, key=lambda o: o.sent_at)
+
+
+class ResidentSampler:
+    """Samples a process's resident memory (bytes) every ``interval_s`` on a thread until stopped."""
+
+    def __init__(self, pid: int, interval_s: float = 1.0):
+        self._process = psutil.Process(pid)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self.samples: list[tuple[float, int]] = []  # (seconds since start, bytes)
+        self._start = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                rss = self._process.memory_info().rss
+            except psutil.Error:
+                return
+            self.samples.append((time.monotonic() - self._start, rss))
+            self._stop.wait(self._interval_s)
+
+    def stop(self) -> list[tuple[float, int]]:
+        self._stop.set()
+        self._thread.join()
+        return self.samples
+
+    def drift_after(self, settle_s: float) -> int:
+        """Largest resident size after ``settle_s`` minus the size at ``settle_s``, bytes."""
+        later = [rss for t, rss in self.samples if t >= settle_s]
+        return max(later) - later[0] if later else 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0-1) by nearest rank; nan when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@dataclass
+class OverloadReport:
+    """What ``overload`` saw: capacity measured first, then the outcomes of ``factor`` times it."""
+
+    short_s: float  # one short request alone, seconds (best of three)
+    long_s: float  # one maximum-size request alone, seconds
+    capacity_rps: float  # requests per second of the mix, one at a time
+    rate_rps: float
+    statuses: Counter[int | str] = field(default_factory=Counter)
+    refused_without_retry_after: int = 0
+    admitted_p50_s: float = math.nan
+    admitted_p99_s: float = math.nan
+    drift_bytes: int = 0  # resident memory growth after the settle time
+    rss_samples: list[tuple[float, int]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "short_s": round(self.short_s, 3),
+            "long_s": round(self.long_s, 3),
+            "capacity_rps": round(self.capacity_rps, 3),
+            "rate_rps": round(self.rate_rps, 3),
+            "statuses": {str(k): v for k, v in self.statuses.items()},
+            "refused_without_retry_after": self.refused_without_retry_after,
+            "admitted_p50_s": round(self.admitted_p50_s, 3),
+            "admitted_p99_s": round(self.admitted_p99_s, 3),
+            "drift_mib": round(self.drift_bytes / MiB, 1),
+        }
+
+
+def overload(
+    url: str,
+    pid: int,
+    short: str,
+    long: str,
+    *,
+    duration_s: float,
+    settle_s: float,
+    factor: float = 4.0,
+    long_every: int = 8,
+) -> OverloadReport:
+    """``factor`` times the predictor's capacity at ``url`` for ``duration_s``: one request in
+    ``long_every`` carries ``long`` (a maximum-size text), the others ``short``. Capacity is measured
+    first on the same predictor, one request at a time."""
+    infer = url + "/v2/models/tts/infer"
+
+    def alone(text: str) -> float:
+        start = time.monotonic()
+        response = httpx.post(infer, json=v2_request(text), timeout=600)
+        response.raise_for_status()
+        return time.monotonic() - start
+
+    alone(long)  # the first maximum-size request pays for its allocations once
+    short_s = min(alone(short) for _ in range(3))
+    long_s = alone(long)
+    capacity = long_every / ((long_every - 1) * short_s + long_s)
+    report = OverloadReport(short_s, long_s, capacity, factor * capacity)
+
+    def body(i: int) -> tuple[str, dict[str, Any]]:
+        return ("max", v2_request(long)) if i % long_every == long_every - 1 else ("short", v2_request(short))
+
+    sampler = ResidentSampler(pid, interval_s=0.5)
+    outcomes = open_loop(infer, body, report.rate_rps, duration_s)
+    sampler.stop()
+    report.statuses = Counter(o.status for o in outcomes)
+    report.refused_without_retry_after = sum(
+        1 for o in outcomes if o.status == 503 and not (o.retry_after or "").isdigit()
+    )
+    admitted = [o.seconds for o in outcomes if o.status == 200]
+    report.admitted_p50_s = percentile(admitted, 0.5)
+    report.admitted_p99_s = percentile(admitted, 0.99)
+    report.drift_bytes = sampler.drift_after(settle_s)
+    report.rss_samples = sampler.samples
+    return report

@@ -1,0 +1,328 @@
+"""Chunked vocoder streaming: window-joined audio equals the whole decode on both engines, and the
+three streaming transports (raw speech stream, OpenAI SSE, Triton ModelStreamInfer) deliver audio
+before the end of a single long sentence."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import itertools
+import json
+import queue
+import threading
+from functools import partial
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+import torch
+import tritonclient.grpc as triton_grpc
+
+from predictor.config import ConfigError, load_settings
+from predictor.engine import phonemes, windows
+from predictor.engine.base import StreamWindows, SynthesisParams
+from predictor.engine.onnx import OnnxEngine
+from predictor.engine.torch import TorchEngine
+from predictor.engine.vits import VitsConfig
+from predictor.serving.batcher import Batcher
+
+SENTENCES = [
+    "Hi.",
+    "The quick brown fox jumps over the lazy dog.",
+    "Streaming starts speaking long before the sentence is finished, which is what a listener notices.",
+    "Numbers like 1,234 and dates such as March 3rd, 2021 are read out in full; so are abbreviations.",
+    "A much longer sentence, with several clauses, commas, and a rhythm of its own, keeps going and going "
+    "so that the decoder has many windows to cover before it reaches the very end of it.",
+]
+# (first window, later windows) in frames: single frames, tiny, the defaults, one window for all.
+WINDOW_SIZES = [(1, 8), (3, 40), (24, 192), (24, 10_000)]
+# ~30 words in one sentence: about 8 s of audio, several windows with the default sizes.
+LONG_SENTENCE = (
+    "When the evening train finally pulled into the quiet station at the edge of the valley, the "
+    "travellers gathered their bags and stepped out into the cold air that smelled of pine and rain."
+)
+
+
+@pytest.fixture(scope="module")
+def torch_engine(voice_dir):
+    engine = TorchEngine(device="cpu", dtype="fp32", threads=1, gpu_memory_fraction=0.0, compile=False)
+    engine.load(voice_dir)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def onnx_engine(voice_dir):
+    engine = OnnxEngine(device="cpu", threads=1)
+    engine.load(voice_dir)
+    return engine
+
+
+def _joined(engine, text: str, params: SynthesisParams, first: int, size: int) -> tuple[np.ndarray, list]:
+    pieces = list(engine.stream(text, params, StreamWindows(first, size)))
+    return np.concatenate([audio for audio, _ in pieces]), [last for _, last in pieces]
+
+
+@pytest.mark.parametrize(("first", "size"), WINDOW_SIZES)
+def test_torch_windows_join_into_the_whole_decode(torch_engine, first, size):
+    for k, sentence in enumerate(SENTENCES):
+        seeded = SynthesisParams(seed=100 + k)  # same noise for the whole and the windowed synthesis
+        whole = torch_engine.synthesize([sentence], seeded)[0]
+
+        joined, lasts = _joined(torch_engine, sentence, seeded, first, size)
+
+        assert joined.shape == whole.shape, sentence
+        assert np.abs(joined - whole).max() <= 1e-4, sentence
+        assert lasts == [False] * (len(lasts) - 1) + [True]
+
+
+@pytest.mark.parametrize(("first", "size"), WINDOW_SIZES)
+def test_onnx_windows_join_into_the_whole_decode(onnx_engine, first, size):
+    quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0)  # the graph draws its own noise: none here
+    for sentence in SENTENCES:
+        whole = onnx_engine.synthesize([sentence], quiet)[0]
+
+        joined, lasts = _joined(onnx_engine, sentence, quiet, first, size)
+
+        assert joined.shape == whole.shape, sentence
+        assert np.abs(joined - whole).max() <= 1e-4, sentence
+        assert lasts[-1] and not any(lasts[:-1])
+
+
+def test_context_shorter_than_the_receptive_field_breaks_the_join(torch_engine):
+    model = torch_engine._model
+    voice = torch_engine.voice
+    ids = next(iter(phonemes.sentence_ids(SENTENCES[4], voice.espeak_voice, voice.phoneme_id_map)))
+    z, _, _ = model.latent(torch.tensor([ids]), torch.tensor([len(ids)]), 0.667, 1.0, 0.8)
+    whole = model.decode(z)[0]
+    hop = model.config.hop_length
+
+    def joined(context: int) -> torch.Tensor:
+        plan = windows.plan(z.size(-1), 5, 20, context)
+        return torch.cat(
+            [model.decode(z[:, :, w.context_start : w.context_end])[0, w.keep(hop)] for w in plan]
+        )
+
+    context = windows.decoder_context_frames(model.config)
+    assert float((joined(context) - whole).abs().max()) <= 1e-4
+    assert float((joined(context - 5) - whole).abs().max()) > 1e-4
+
+
+def test_receptive_field_follows_the_voice_config(voice_dir):
+    config = VitsConfig.from_dict(json.loads((voice_dir / "vits.json").read_text()))
+    wider = VitsConfig.from_dict(
+        {
+            **config.to_dict(),
+            "resblock_dilation_sizes": [[d * 4 for d in ds] for ds in config.resblock_dilation_sizes],
+        }
+    )
+
+    assert 8 <= windows.decoder_context_frames(config) <= 20
+    assert windows.decoder_context_frames(wider) > windows.decoder_context_frames(config)
+
+
+def test_window_plan_covers_every_frame_once():
+    for n in range(1, 400, 7):
+        plan = windows.plan(n, 24, 50, 13)
+        assert plan[0].start == 0 and plan[-1].end == n
+        assert all(a.end == b.start for a, b in itertools.pairwise(plan))
+        assert plan[0].end - plan[0].start == min(24, n)  # the first window is never merged away
+        assert all(0 <= w.context_start <= w.start < w.end <= w.context_end <= n for w in plan)
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"stream_first_window_frames": 0}, "STREAM_FIRST_WINDOW_FRAMES"),
+        ({"stream_window_frames": 4}, "STREAM_WINDOW_FRAMES"),
+        ({"stream_first_window_frames": 100, "stream_window_frames": 50}, "STREAM_WINDOW_FRAMES"),
+        ({"voice_aliases": "not json"}, "VOICE_ALIASES"),
+    ],
+)
+def test_window_sizes_out_of_range_are_config_errors_naming_the_variable(env, variable, monkeypatch):
+    for name, value in env.items():
+        monkeypatch.setenv(name.upper(), str(value))
+
+    with pytest.raises(ConfigError, match=variable):
+        load_settings()
+
+
+def test_auto_engine_is_onnx_on_cpu_and_torch_when_torch_is_asked_for():
+    assert load_settings().engine_name == "onnx"
+    assert load_settings(dtype="bf16").engine_name == "torch"
+    assert load_settings(compile=True).engine_name == "torch"
+    assert load_settings(engine="torch").engine_name == "torch"
+
+
+def test_a_stream_stops_at_the_next_window_when_its_caller_goes_away():
+    decoded: list[int] = []
+    release = threading.Event()
+
+    def run_stream(text, params):
+        for n in range(50):
+            decoded.append(n)
+            yield np.zeros(10, dtype=np.float32), n == 49
+            release.wait(0.02)
+
+    async def scenario() -> None:
+        batcher = Batcher(
+            lambda texts, params: [],
+            run_stream=run_stream,
+            max_batch_size=1,
+            max_delay_s=0,
+            max_queue=4,
+            timeout_s=30,
+        )
+        got: asyncio.Queue = asyncio.Queue()
+        future = batcher.submit(["text"], SynthesisParams(), on_piece=lambda a, last: got.put_nowait(last))
+        await got.get()
+        future.cancel()
+        await asyncio.sleep(0.5)
+
+    asyncio.run(scenario())
+    assert len(decoded) < 5, f"the engine decoded {len(decoded)} windows after the caller left"
+
+
+# --- over the wire --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def streaming_predictor(start_predictor):
+    """ENGINE at its default, auto: onnx on CPU."""
+    return start_predictor(ENGINE="auto")
+
+
+def test_auto_engine_is_named_in_metadata_and_startup_log(streaming_predictor):
+    meta = streaming_predictor.get("/v2/models/tts").json()
+
+    assert meta["platform"] == "onnx"
+    assert "onnx (ENGINE=auto" in streaming_predictor.logs()
+
+
+def test_raw_speech_stream_sends_several_chunks_for_one_long_sentence(streaming_predictor):
+    chunks = []
+    with httpx.stream(
+        "POST",
+        streaming_predictor.url + "/v1/audio/speech",
+        timeout=120,
+        json={"model": "tts", "input": LONG_SENTENCE, "response_format": "pcm", "stream": True},
+    ) as response:
+        chunks = [chunk for chunk in response.iter_raw() if chunk]
+    whole = streaming_predictor.post(
+        "/v1/audio/speech", json={"model": "tts", "input": LONG_SENTENCE, "response_format": "pcm"}
+    )
+
+    assert response.status_code == 200
+    assert len(chunks) > 1
+    # Same number of samples as the whole response (noise differs between two syntheses, length too:
+    # durations are drawn, so compare only that both are a long sentence's worth).
+    assert len(b"".join(chunks)) // 2 > 22050 * 4 and len(whole.content) // 2 > 22050 * 4
+
+
+def test_openai_client_with_alloy_and_sse(streaming_predictor):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=streaming_predictor.url + "/v1", api_key="not-needed")
+
+    reply = client.audio.speech.create(
+        model="tts-1", voice="alloy", input="Hello, alloy.", response_format="wav"
+    )
+    audio, rate = soundfile.read(io.BytesIO(reply.content), dtype="float32")
+    assert rate == 22050 and len(audio) > rate // 2
+
+    events = []
+    with client.audio.speech.with_streaming_response.create(
+        model="gpt-4o-mini-tts",
+        voice="alloy",
+        input=LONG_SENTENCE,
+        response_format="pcm",
+        stream_format="sse",
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: ") :]))
+
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) > 1 and events[-1]["type"] == "speech.audio.done"
+    assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert len(pcm) // 2 > 22050 * 4
+
+
+def _triton_stream(predictor, requests: list[tuple[str, list, dict]]) -> list:
+    """Send (request id, inputs, async_stream_infer keywords) on one stream; collect (result, error)
+    until each request has its final response or error."""
+    results: queue.Queue = queue.Queue()
+    client = triton_grpc.InferenceServerClient(predictor.grpc)
+    client.start_stream(callback=partial(lambda q, result, error: q.put((result, error)), results))
+    try:
+        got = []
+        for request_id, inputs, options in requests:
+            client.async_stream_infer("tts", inputs, request_id=request_id, **options)
+            while True:
+                result, error = results.get(timeout=120)
+                got.append((request_id, result, error))
+                if error is not None:
+                    break
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    break
+        return got
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def _text_input(text: str, name: str = "text") -> list:
+    inp = triton_grpc.InferInput(name, [1], "BYTES")
+    inp.set_data_from_numpy(np.array([text.encode()], dtype=object))
+    return [inp]
+
+
+def test_triton_stream_sends_one_response_per_window_and_flags_the_last(streaming_predictor):
+    got = _triton_stream(streaming_predictor, [("long-1", _text_input(LONG_SENTENCE), {})])
+
+    assert all(error is None for _, _, error in got)
+    assert len(got) > 1
+    flags = [r.get_response().parameters["triton_final_response"].bool_param for _, r, _ in got]
+    assert flags == [False] * (len(got) - 1) + [True]
+    assert all(r.get_response().id == "long-1" for _, r, _ in got)
+    for _, result, _ in got:
+        audio, length = result.as_numpy("audio"), result.as_numpy("audio_length")
+        assert audio.shape == (1, int(length[0])) and audio.dtype == np.float32
+    assert sum(int(r.as_numpy("audio_length")[0]) for _, r, _ in got) > 22050 * 4
+
+
+def test_triton_stream_answers_a_malformed_request_with_an_error_and_stays_open(streaming_predictor):
+    got = _triton_stream(
+        streaming_predictor,
+        [
+            ("bad", _text_input("Hello.", name="words"), {}),
+            ("good", _text_input("Still here after the error."), {"enable_empty_final_response": True}),
+        ],
+    )
+
+    bad = [(r, e) for rid, r, e in got if rid == "bad"]
+    good = [r for rid, r, e in got if rid == "good"]
+    assert len(bad) == 1 and bad[0][1] is not None and "text" in str(bad[0][1])
+    assert all(e is None for rid, _, e in got if rid == "good")
+    # With empty final responses asked for, the data responses say "not final" and an empty one ends.
+    assert [r.get_response().parameters["triton_final_response"].bool_param for r in good][-1]
+    assert len(good[-1].get_response().outputs) == 0
+    assert sum(int(r.as_numpy("audio_length")[0]) for r in good[:-1]) > 22050
+
+
+BAD_STREAMS = {
+    "unknown stream_format": ({"stream_format": "chunks"}, "stream_format"),
+    "unknown voice": ({"voice": "nonesuch"}, "alloy"),  # the message lists the accepted names
+    "unknown model": ({"model": "tts-2"}, "tts-1-hd"),
+    "stream as a string": ({"stream": "yes"}, "stream"),
+    "unknown format with sse": ({"stream_format": "sse", "response_format": "aac"}, "aac"),
+}
+
+
+@pytest.mark.parametrize(("body", "reason"), BAD_STREAMS.values(), ids=BAD_STREAMS.keys())
+def test_bad_stream_requests_get_400_naming_the_problem(streaming_predictor, body, reason):
+    response = streaming_predictor.post("/v1/audio/speech", json={"model": "tts", "input": "Hi.", **body})
+
+    assert response.status_code == 400, response.text
+    assert reason in response.json()["error"]
