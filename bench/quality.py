@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,19 +52,41 @@ def _engine(model_dir: Path, **overrides: Any) -> Any:
     return engine
 
 
-def _modes(model_dir: Path) -> dict[str, Any]:
+Synth = Callable[[str, Any], np.ndarray]  # (text, SynthesisParams) -> audio
+
+
+def _whole(engine: Any) -> Synth:
+    return lambda text, params: engine.synthesize([text], params)[0]
+
+
+def _chunked(engine: Any) -> Synth:
+    """Decoded window by window as the streamed routes do (STREAM_*_WINDOW_FRAMES defaults), joined."""
+    from predictor.config import load_settings
+    from predictor.engine.base import StreamWindows
+
+    s = load_settings()
+    windows = StreamWindows(s.stream_first_window_frames, s.stream_window_frames)
+    return lambda text, params: np.concatenate([a for a, _ in engine.stream(text, params, windows)])
+
+
+def _modes(model_dir: Path) -> tuple[dict[str, Synth], int]:
     """Reference first. On a CUDA machine the GPU's reduced-precision decoders are added."""
     import torch
 
+    onnx, torch_fp32 = _engine(model_dir, engine="onnx"), _engine(model_dir, engine="torch")
     modes = {
-        "onnx fp32 (reference)": _engine(model_dir, engine="onnx"),
-        "torch fp32": _engine(model_dir, engine="torch"),
-        "torch bf16 decoder": _engine(model_dir, engine="torch", dtype="bf16"),
+        "onnx fp32 (reference)": _whole(onnx),
+        "onnx fp32, chunked decoding": _chunked(onnx),
+        "torch fp32": _whole(torch_fp32),
+        "torch fp32, chunked decoding": _chunked(torch_fp32),
+        "torch bf16 decoder": _whole(_engine(model_dir, engine="torch", dtype="bf16")),
     }
     if torch.cuda.is_available():
         for dtype in ("fp32", "bf16", "fp16"):
-            modes[f"torch cuda {dtype}"] = _engine(model_dir, engine="torch", device="cuda", dtype=dtype)
-    return modes
+            modes[f"torch cuda {dtype}"] = _whole(
+                _engine(model_dir, engine="torch", device="cuda", dtype=dtype)
+            )
+    return modes, onnx.sample_rate
 
 
 def _mean_ci(xs: list[float]) -> tuple[float, float]:
@@ -88,9 +111,8 @@ def run(session: Session) -> SuiteResult:
     model_dir = session.path("model")
     fetch(session.voice, model_dir)
     estimator = quality.Estimator(threads=1)  # as on the shadow records' thread
-    modes = _modes(model_dir)
+    modes, sr = _modes(model_dir)
     reference = next(iter(modes))
-    sr = modes[reference].sample_rate
 
     # --- engines and modes: speed and MOS on the same clips --------------------------------------
     scores: dict[str, dict[str, list[float]]] = {m: {f: [] for f in FIELDS} for m in modes}
@@ -100,12 +122,12 @@ def run(session: Session) -> SuiteResult:
     reference_clips: list[np.ndarray] = []
     for r in range(RENDITIONS):
         for i, text in enumerate(SENTENCES):
-            for name, engine in modes.items():
+            for name, synth in modes.items():
                 # torch modes share a seed per clip, so fp32 and bf16 differ by precision alone;
                 # onnxruntime's graph cannot be seeded (its noise differs anyway).
                 seed = None if name.startswith("onnx") else 1000 * r + i
                 start = time.perf_counter()
-                (audio,) = engine.synthesize([text], SynthesisParams(seed=seed))
+                audio = synth(text, SynthesisParams(seed=seed))
                 synth_s[name] += time.perf_counter() - start
                 audio_s[name] += len(audio) / sr
                 start = time.perf_counter()
@@ -176,12 +198,12 @@ def run(session: Session) -> SuiteResult:
     )
 
     # --- calibration: renditions ----------------------------------------------------------------
-    torch_engine = modes["torch fp32"]
+    torch_fp32 = modes["torch fp32"]
     per_text: dict[str, list[list[float]]] = {f: [] for f in FIELDS}
     for i, text in enumerate(SENTENCES):
         runs: dict[str, list[float]] = {f: [] for f in FIELDS}
         for _ in range(CALIBRATION_RENDITIONS):
-            (audio,) = torch_engine.synthesize([text], SynthesisParams(seed=None))
+            audio = torch_fp32(text, SynthesisParams(seed=None))
             s = _score(estimator, audio, sr)
             if s is not None:
                 for f in FIELDS:
