@@ -265,7 +265,7 @@ class Settings(BaseSettings):
         le=1,
         description="Share of recorded requests whose record carries a DNSMOS MOS estimate (0 = none). "
         "Chosen by a hash of the request id, so stable and canary score the same requests; computed on "
-        "the records' thread (one core, ~0.5-3 s per clip), skipped when that thread is behind.",
+        "the records' thread (one core, ~0.5-1 s per clip), skipped when that thread is behind.",
     )
 
     # --- CloudEvents ---

@@ -51,8 +51,8 @@ HOP_SAMPLES = SAMPLE_RATE  # one segment per second of audio
 # Shorter clips would be tiled more than nine times to fill one segment: the estimate would be of a
 # loop, not of speech. One second holds a short sentence ("Hello there.") of the default voice.
 MIN_SECONDS = 1.0
-# A 9 s segment through both networks takes ~1-3 s of one core on our shared 2-CPU machine (measured
-# in `bench quality`), and speechmos scores one segment per second of audio, so a 4 s sentence (tiled
+# A 9 s segment through both networks takes ~0.5-1 s of one core on our shared 2-CPU machine (bench
+# quality: 0.13-0.23 s per audio second over 2-5 s sentences), and speechmos scores one segment per second of audio, so a 4 s sentence (tiled
 # to 16 s) would cost 8 passes. We score
 # the first segment only by default: the same first segment speechmos scores (tests check it), so
 # one estimate costs one pass of each network whatever the clip's length.

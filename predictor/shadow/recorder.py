@@ -21,7 +21,7 @@ canary, fed the same mirrored ids, score the same requests and `compare` can pai
 The request path only captures references to the audio and puts one item on a bounded queue
 (`put_nowait`); the fingerprint, JSON and the sink's I/O run on one background thread. A full queue
 drops the record (counted in tts_shadow_records_total{outcome="dropped"}) rather than slow a request.
-A MOS estimate costs far more than a fingerprint (one core for 0.5-3 s), so it is computed only while
+A MOS estimate costs far more than a fingerprint (one core for ~0.5-1 s per clip), so it is computed only while
 the queue is at most a quarter full: when the thread is behind, the record goes out without it
 (tts_shadow_mos_total{outcome="behind"}) rather than hold up the records queued after it.
 Records leave in batches (SHADOW_BATCH_RECORDS or SHADOW_FLUSH_S, whichever comes first), each batch
