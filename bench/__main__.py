@@ -1,4 +1,4 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|streaming|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|streaming|quality|all]`: run the benchmarks, print a table, write JSON.
 
 `python -m bench gpu [--device cpu --small --no-compile]` is separate (bench/gpu.py): it needs a GPU,
 or runs as a CPU dry run.
@@ -37,6 +37,7 @@ SUITES = (
     "image",
     "overload",
     "streaming",
+    "quality",
 )
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
@@ -66,6 +67,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import image
 
         return image.run(session)
+    if name == "quality":
+        from bench import quality
+
+        return quality.run(session)
     if name == "liveness":
         from bench import liveness
 

@@ -198,6 +198,13 @@ _THRESHOLD_FLAGS = (
         "DB",
         "95th percentile mel-cepstral distortion (default {default} dB)",
     ),
+    (
+        "--max-mos-drop",
+        "max_mos_drop",
+        "MOS",
+        "largest drop of the mean DNSMOS P.808 MOS and of P.835 OVRL, each stable minus canary over "
+        "requests scored on both sides (e.g. 0.1; default off; needs 20 such requests, else exit 2)",
+    ),
 )
 
 

@@ -259,6 +259,14 @@ class Settings(BaseSettings):
         description="Finished requests waiting for their record (each holds its audio); "
         "one more is dropped and counted, never waited for.",
     )
+    shadow_mos_sample: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Share of recorded requests whose record carries a DNSMOS MOS estimate (0 = none). "
+        "Chosen by a hash of the request id, so stable and canary score the same requests; computed on "
+        "the records' thread (one core, ~0.5-1 s per clip), skipped when that thread is behind.",
+    )
 
     # --- CloudEvents ---
     ce_request_type: str = Field(

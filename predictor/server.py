@@ -50,6 +50,7 @@ from predictor.api.handlers import (
 )
 from predictor.api.stream_infer import StreamInferHandler
 from predictor.api.v2 import TTSModel, require_version
+from predictor.audio import quality
 from predictor.config import ConfigError, Settings
 from predictor.errors import PredictorError, StorageError
 from predictor.events.outputs import OutputStore
@@ -288,13 +289,26 @@ def _recorder(settings: Settings) -> records.Recorder | None:
         raise ConfigError(f"invalid configuration: SHADOW_SINK: {exc}") from None
     if sink is None:
         return None
-    log.info("shadow records on", extra={"sink": settings.shadow_sink, "revision": settings.revision_name})
+    if settings.shadow_mos_sample > 0:
+        try:
+            quality.model_files()  # a path check; the sessions load on the records' thread when first needed
+        except quality.QualityUnavailable as exc:
+            raise ConfigError(f"invalid configuration: SHADOW_MOS_SAMPLE: {exc} (or set it to 0)") from None
+    log.info(
+        "shadow records on",
+        extra={
+            "sink": settings.shadow_sink,
+            "revision": settings.revision_name,
+            "mos_sample": settings.shadow_mos_sample,
+        },
+    )
     return records.Recorder(
         sink,
         settings.revision_name,
         batch_records=settings.shadow_batch_records,
         flush_s=settings.shadow_flush_s,
         queue_size=settings.shadow_queue,
+        mos_sample=settings.shadow_mos_sample,
     )
 
 

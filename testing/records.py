@@ -23,9 +23,16 @@ def voiced(seed: int, seconds: float = 1.5) -> np.ndarray:
 
 
 def shadow_record(
-    rid: str, revision: str, audio: np.ndarray, *, latency_s: float = 0.5, status: int = 200
+    rid: str,
+    revision: str,
+    audio: np.ndarray,
+    *,
+    latency_s: float = 0.5,
+    status: int = 200,
+    mos: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The record a predictor's recorder writes for one v2 request that answered ``audio``."""
+    """The record a predictor's recorder writes for one v2 request that answered ``audio``; ``mos``
+    ({"p808": …, "ovrl": …, …}) fills its mos_* fields, as for a request SHADOW_MOS_SAMPLE picked."""
     from predictor.audio import fingerprint
     from predictor.shadow import recorder
 
@@ -43,6 +50,7 @@ def shadow_record(
         "items": 1,
         "text_sha256": recorder.text_sha256([rid]),
         "mcep": fingerprint.fingerprint(audio, SR).tolist() if ok else None,
+        **{f: (mos or {}).get(f.removeprefix("mos_")) for f in recorder.MOS_FIELDS},
     }
 
 

@@ -236,7 +236,7 @@ def test_compare_html_opens_without_console_errors_and_shows_the_verdict(
     page.goto(out.as_uri())
     assert page.text_content("#verdict") == verdict
     thresholds = page.locator("table:has(caption:text-is('Thresholds'))")
-    assert thresholds.locator("tbody tr").count() == 8
+    assert thresholds.locator("tbody tr").count() == 10  # 8 + MOS P.808 and OVRL (n/a: off, no scores)
     p50 = thresholds.locator("tbody tr:has(td:text-is('latency p50'))")
     assert p50.locator("td").last.text_content() == verdict
     assert "--max-p50-increase" in p50.text_content()

@@ -91,3 +91,18 @@ PEAK_RESIDENT_BYTES = Gauge(
     "process_resident_memory_bytes is the current figure.",
 )
 PEAK_RESIDENT_BYTES.set_function(memory.peak_resident_bytes)
+
+MOS_UNSCORED = Counter(
+    "tts_mos_unscored",
+    "Clips the MOS estimator (DNSMOS) gave no score, by reason: too_short (under 1 s), silence (RMS under "
+    "-60 dBFS), non_finite (a NaN or infinite sample).",
+    ["reason"],
+)
+
+SHADOW_MOS = Counter(
+    "tts_shadow_mos",
+    "Shadow records sampled for a MOS estimate (SHADOW_MOS_SAMPLE), by outcome: scored; unscored (the clip "
+    "could not be scored, see tts_mos_unscored_total); behind (skipped: the record queue was backing up, and "
+    "a MOS estimate is never worth a dropped record).",
+    ["outcome"],
+)

@@ -1,11 +1,15 @@
 """Canary verdict: join stable's and canary's shadow records by request id, measure, PASS or FAIL.
 
     stable records ─┐                     ┌─ match rate, latency p50/p99, error rate,
-                    ├─ join on "id" ─> pairs ─┤  duration ratio, mel-cepstral distortion
+                    ├─ join on "id" ─> pairs ─┤  duration ratio, mel-cepstral distortion, MOS
     canary records ─┘                     └─ thresholds -> PASS | FAIL + reasons (+ a PNG)
 
 Latency, errors, durations and distances are computed over matched pairs only: both revisions then
-answered the same requests, so a canary that missed the slow ones cannot look faster.
+answered the same requests, so a canary that missed the slow ones cannot look faster. MOS
+(DNSMOS estimates on a sampled share of records, the same ids on both sides) is compared over the
+pairs scored on both sides: each side's mean with a 95 % confidence interval, and the paired
+difference, whose interval is much narrower than either side's because a text's own difficulty
+cancels out.
 """
 
 from __future__ import annotations
@@ -22,6 +26,17 @@ from typing import Any
 
 class CompareError(Exception):
     """Input compare cannot judge (missing records, nothing in common); the CLI exits 2."""
+
+
+# The MOS estimates compare reads from records (predictor.shadow.recorder.MOS_FIELDS), with their
+# names; --max-mos-drop judges each. Both, because on the default voice each misses what the other
+# sees: P.808 falls under band limiting (low-pass, 8 kHz) where OVRL stays put, OVRL falls under
+# clipping where P.808 may not (README, Quality (MOS)).
+MOS_NAMES = {"mos_p808": "MOS P.808", "mos_ovrl": "MOS P.835 OVRL"}
+# Fewest pairs scored on both sides for a MOS verdict. Two unseeded renditions of one text differ in
+# P.808 by sd ~0.13 on the default voice (bench quality: 0.09 within a text, x sqrt 2), so 20 pairs
+# put the mean difference's 95 % interval near ±0.06, about half the drop one would judge (0.1).
+MIN_MOS_PAIRS = 20
 
 
 # --- reading records ---------------------------------------------------------------------------
@@ -112,6 +127,21 @@ class Thresholds:
     # p95 ~1.8 dB (noise alone); white noise at -34 dBFS over the audio gives ~2.8 dB.
     max_mcd_p50_db: float = 1.5
     max_mcd_p95_db: float = 2.5
+    # Off unless asked for: records written before MOS existed, or with SHADOW_MOS_SAMPLE=0, carry none.
+    max_mos_drop: float | None = None  # stable's mean minus canary's, over pairs scored on both sides
+
+
+@dataclass(frozen=True)
+class MosSummary:
+    """One MOS estimate over the pairs scored on both sides: means, 95 % interval half-widths."""
+
+    pairs: int
+    stable_mean: float
+    stable_ci: float
+    canary_mean: float
+    canary_ci: float
+    diff_mean: float  # canary - stable, pair by pair
+    diff_ci: float
 
 
 @dataclass
@@ -129,17 +159,22 @@ class Report:
     mcd_p50_db: float | None
     mcd_p95_db: float | None
     text_mismatches: int  # pairs whose text hashes differ: the join paired different requests
+    # Successful pairs carrying a MOS estimate on the stable side, on the canary side.
+    mos_scored: tuple[int, int] = (0, 0)
+    mos: dict[str, MosSummary] = field(default_factory=dict)  # by record field; absent: no pair scored
     reasons: list[str] = field(default_factory=list)
     # Per-pair series for the plot, not part of the JSON summary.
     latencies: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
     distances: list[float] = field(default_factory=list)
+    # (stable, canary) per pair scored on both sides, by record field.
+    mos_pairs: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
         return not self.reasons
 
     def summary(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if k not in ("latencies", "distances")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("latencies", "distances", "mos_pairs")}
         out["verdict"] = "PASS" if self.passed else "FAIL"
         return out
 
@@ -148,6 +183,43 @@ def _pct(xs: list[float], q: float) -> float:
     import numpy as np
 
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else math.nan
+
+
+def _t975(df: int) -> float:
+    """Student's t 97.5 % quantile (Cornish-Fisher expansion; within 0.3 % of the table from df 3)."""
+    z = 1.959963984540054
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+def _mean_ci(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % t interval (nan below two values)."""
+    import numpy as np
+
+    a = np.asarray(xs, dtype=np.float64)
+    if len(a) < 2:
+        return (float(a.mean()) if len(a) else math.nan), math.nan
+    return float(a.mean()), _t975(len(a) - 1) * float(a.std(ddof=1)) / math.sqrt(len(a))
+
+
+def _mos_summary(pairs: list[tuple[dict[str, Any], dict[str, Any]]], name: str) -> MosSummary | None:
+    scored = [
+        (float(s[name]), float(c[name])) for s, c in pairs if _is_num(s.get(name)) and _is_num(c.get(name))
+    ]
+    if not scored:
+        return None
+    st, ca = [s for s, _ in scored], [c for _, c in scored]
+    (sm, sci), (cm, cci) = _mean_ci(st), _mean_ci(ca)
+    dm, dci = _mean_ci([c - s for s, c in scored])
+    return MosSummary(len(scored), sm, sci, cm, cci, dm, dci)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _revision(records: dict[str, dict[str, Any]]) -> str:
@@ -208,7 +280,27 @@ def compare(
         text_mismatches=sum(s.get("text_sha256") != c.get("text_sha256") for s, c in both_ok),
         latencies=(lat_s, lat_c),
         distances=distances,
+        mos_scored=(
+            sum(all(_is_num(s.get(n)) for n in MOS_NAMES) for s, _ in both_ok),
+            sum(all(_is_num(c.get(n)) for n in MOS_NAMES) for _, c in both_ok),
+        ),
     )
+    for name in MOS_NAMES:
+        summary = _mos_summary(both_ok, name)
+        if summary is not None:
+            report.mos[name] = summary
+            report.mos_pairs[name] = (
+                [float(s[name]) for s, c in both_ok if _is_num(s.get(name)) and _is_num(c.get(name))],
+                [float(c[name]) for s, c in both_ok if _is_num(s.get(name)) and _is_num(c.get(name))],
+            )
+    if thresholds.max_mos_drop is not None:
+        pairs_scored = min((report.mos[n].pairs if n in report.mos else 0) for n in MOS_NAMES)
+        if pairs_scored < MIN_MOS_PAIRS:
+            raise CompareError(
+                f"--max-mos-drop needs at least {MIN_MOS_PAIRS} requests scored on both sides; "
+                f"{pairs_scored} are (stable scored {report.mos_scored[0]}, canary {report.mos_scored[1]}, "
+                f"of {len(both_ok)} requests both answered): collect longer or raise SHADOW_MOS_SAMPLE"
+            )
     report.reasons = _judge(report, thresholds)
     return report
 
@@ -294,6 +386,22 @@ def checks(r: Report, t: Thresholds) -> list[Check]:
                 "" if value is None else f"spectral distance {name} {value:.2f} dB > {limit:g} dB",
             )
         )
+    for name, label in MOS_NAMES.items():
+        m = r.mos.get(name)
+        drop_limit = t.max_mos_drop  # None: not judged unless asked (records may carry no MOS)
+        out.append(
+            Check(
+                f"{label} (paired)",
+                "max_mos_drop",
+                "-" if m is None else f"{m.diff_mean:+.2f} ± {m.diff_ci:.2f} ({m.pairs} pairs)",
+                "off" if drop_limit is None else f"drop <= {drop_limit:g}",
+                None if m is None or drop_limit is None else -m.diff_mean <= drop_limit,
+                f"{label} dropped {-m.diff_mean:.2f} ± {m.diff_ci:.2f} "
+                f"({m.stable_mean:.2f} -> {m.canary_mean:.2f}, {m.pairs} pairs) > {drop_limit:g}"
+                if m is not None and drop_limit is not None
+                else "",
+            )
+        )
     out.append(
         Check(
             "distinct texts per id",
@@ -326,10 +434,32 @@ def format_report(r: Report) -> str:
         f"error rate       {r.error_rate[0]:.1%} -> {r.error_rate[1]:.1%}",
         f"duration ratio   {opt(r.duration_ratio, '.3f')} (median canary/stable)",
         f"spectral (MCD)   p50 {opt(r.mcd_p50_db, '.2f')} dB, p95 {opt(r.mcd_p95_db, '.2f')} dB ({len(r.distances)} pairs)",
+        *_mos_lines(r),
         "PASS" if r.passed else "FAIL",
         *(f"  - {reason}" for reason in r.reasons),
     ]
     return "\n".join(lines)
+
+
+def _mos_lines(r: Report) -> list[str]:
+    if not r.mos:
+        return [
+            f"MOS              - (no request scored on both sides; scored: stable {r.mos_scored[0]}, "
+            f"canary {r.mos_scored[1]}; see SHADOW_MOS_SAMPLE)"
+        ]
+
+    def ci(x: float) -> str:
+        return "" if math.isnan(x) else f" ± {x:.2f}"
+
+    lines = []
+    for name, label in MOS_NAMES.items():
+        m = r.mos.get(name)
+        if m is not None:
+            lines.append(
+                f"{label:<16} {m.stable_mean:.2f}{ci(m.stable_ci)} -> {m.canary_mean:.2f}{ci(m.canary_ci)} "
+                f"(paired {m.diff_mean:+.2f}{ci(m.diff_ci)}, {m.pairs} pairs, 95 % CI)"
+            )
+    return lines
 
 
 def _delta(pair: tuple[float, float]) -> str:
@@ -340,8 +470,32 @@ def _delta(pair: tuple[float, float]) -> str:
 
 
 # --- the plot and the page -------------------------------------------------------------------
+def _plot_mos(ax: Any, report: Report) -> None:
+    """Canary's MOS against stable's, a point per pair scored on both sides; below the diagonal: worse."""
+    values: list[float] = []
+    for name, label in MOS_NAMES.items():
+        m = report.mos.get(name)
+        if m is None:
+            continue
+        stable, canary = report.mos_pairs[name]
+        ci = "" if math.isnan(m.diff_ci) else f" ± {m.diff_ci:.2f}"
+        ax.scatter(stable, canary, s=12, alpha=0.7, label=f"{label}: paired {m.diff_mean:+.2f}{ci}")
+        values += stable + canary
+    if values:
+        lo, hi = min(values) - 0.1, max(values) + 0.1
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
+        ax.legend(loc="lower right")
+        pairs = max(m.pairs for m in report.mos.values())
+        ax.set_title(f"DNSMOS per request (n={pairs}, 95 % CI)")
+    else:
+        ax.text(0.5, 0.5, "no request scored on both sides", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title("DNSMOS per request")
+    ax.set(xlabel="stable MOS", ylabel="canary MOS")
+    ax.grid(alpha=0.3)
+
+
 def render_png(report: Report) -> bytes:
-    """Latency CDFs (stable vs canary) and the distance histogram, as PNG bytes."""
+    """Latency CDFs (stable vs canary), the distance histogram and MOS per pair, as PNG bytes."""
     import numpy as np
 
     try:
@@ -352,7 +506,7 @@ def render_png(report: Report) -> bytes:
     matplotlib.use("Agg")  # no display in CI
     import matplotlib.pyplot as plt
 
-    fig, (ax_lat, ax_mcd) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_lat, ax_mcd, ax_mos) = plt.subplots(1, 3, figsize=(16, 4))
     for name, xs in (("stable", report.latencies[0]), ("canary", report.latencies[1])):
         if xs:
             s = np.sort(np.asarray(xs)) * 1e3
@@ -368,6 +522,7 @@ def render_png(report: Report) -> bytes:
         title="spectral distance, canary vs stable",
     )
     ax_mcd.grid(alpha=0.3)
+    _plot_mos(ax_mos, report)
     fig.suptitle(
         f"{report.canary_revision} vs {report.stable_revision}: {'PASS' if report.passed else 'FAIL'}"
     )
@@ -424,6 +579,15 @@ def write_html(
                 "",
                 f"{opt(r.mcd_p50_db, '.2f')} / {opt(r.mcd_p95_db, '.2f')} dB ({len(r.distances)} pairs)",
             ),
+            *(
+                (
+                    f"{label} (mean ± 95 % CI)",
+                    f"{m.stable_mean:.2f} ± {m.stable_ci:.2f}",
+                    f"{m.canary_mean:.2f} ± {m.canary_ci:.2f}",
+                    f"paired {m.diff_mean:+.2f} ± {m.diff_ci:.2f} ({m.pairs} pairs)",
+                )
+                for label, m in ((MOS_NAMES[n], r.mos[n]) for n in MOS_NAMES if n in r.mos)
+            ),
         ],
     )
     threshold_rows = [
@@ -439,7 +603,10 @@ def write_html(
             Table("Thresholds", ("check", "measured", "limit", "flag", "result"), threshold_rows),
         ],
         figures=[
-            Figure("Latency CDFs (stable vs canary) and the spectral distance histogram", render_png(r))
+            Figure(
+                "Latency CDFs (stable vs canary), the spectral distance histogram and DNSMOS per request",
+                render_png(r),
+            )
         ],
         footer="tts-predictor compare",
     ).write(out)

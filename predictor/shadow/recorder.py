@@ -8,15 +8,22 @@ each synthesis request leaves a record:
 
     {"v": 1, "id": "…", "revision": "…", "route": "/v2/models/{model_name}/infer", "status": 200,
      "ts": 1764500000.123, "latency_s": 0.41, "audio_s": 2.3, "sample_rate": 22050, "items": 1,
-     "text_sha256": "…", "mcep": [[c0 … c12] × 32]}
+     "text_sha256": "…", "mcep": [[c0 … c12] × 32],
+     "mos_p808": 3.98, "mos_sig": 3.43, "mos_bak": 4.16, "mos_ovrl": 3.21}
 
 The text itself never leaves the pod (privacy): its sha256 is enough to check both revisions were
 asked the same thing. `mcep` is the audio's fingerprint: a 13-coefficient mel cepstrum pooled to 32
-time slices (see `fingerprint`), from which `compare` computes a mel-cepstral distortion.
+time slices (see `fingerprint`), from which `compare` computes a mel-cepstral distortion. The
+`mos_*` fields are DNSMOS estimates (see `predictor.audio.quality`) for a sampled share of requests
+(SHADOW_MOS_SAMPLE), null otherwise. The sample is chosen by a hash of the request id, so stable and
+canary, fed the same mirrored ids, score the same requests and `compare` can pair them.
 
 The request path only captures references to the audio and puts one item on a bounded queue
 (`put_nowait`); the fingerprint, JSON and the sink's I/O run on one background thread. A full queue
 drops the record (counted in tts_shadow_records_total{outcome="dropped"}) rather than slow a request.
+A MOS estimate costs far more than a fingerprint (one core for ~0.5-1 s per clip), so it is computed only while
+the queue is at most a quarter full: when the thread is behind, the record goes out without it
+(tts_shadow_mos_total{outcome="behind"}) rather than hold up the records queued after it.
 Records leave in batches (SHADOW_BATCH_RECORDS or SHADOW_FLUSH_S, whichever comes first), each batch
 one object under a unique key (a PUT is atomic: a reader sees a whole batch or none); `close()`
 writes the tail, so SIGTERM loses nothing."""
@@ -29,7 +36,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +44,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from predictor.audio import quality
 from predictor.audio.fingerprint import FINGERPRINT_MAX_SECONDS, fingerprint
 from predictor.observability import metrics
 from predictor.shadow.sinks import Sink
@@ -44,12 +52,23 @@ from predictor.shadow.sinks import Sink
 log = logging.getLogger("predictor.shadow")
 
 
-RECORD_VERSION = 1
+RECORD_VERSION = 1  # the mos_* fields were added without a bump: readers treat them as optional
+MOS_FIELDS = ("mos_p808", "mos_sig", "mos_bak", "mos_ovrl")
+# The queue depth, as a share of its size, above which the thread counts as behind and skips MOS.
+MOS_BEHIND_SHARE = 0.25
 
 
 def text_sha256(texts: Sequence[str]) -> str:
     # Record separator between items: ["ab", "c"] and ["a", "bc"] must not hash alike.
     return hashlib.sha256("\x1e".join(texts).encode("utf-8")).hexdigest()
+
+
+def mos_sampled(request_id: str, share: float) -> bool:
+    """Whether this request's record carries a MOS estimate: the same answer in every revision."""
+    if share <= 0:
+        return False
+    h = int.from_bytes(hashlib.sha256(request_id.encode("utf-8")).digest()[:8], "big")
+    return h < share * 2**64
 
 
 # --- what a request synthesized -------------------------------------------------------------
@@ -122,8 +141,16 @@ class Recorder:
         queue_size: int,
         retries: int = 3,
         backoff_s: float = 0.5,
+        mos_sample: float = 0.0,
+        estimator: Callable[[], quality.Estimator] = quality.shared_estimator,
     ):
+        """`mos_sample`: share of requests scored; `estimator` gives the (shared) MOS estimator,
+        called on the background thread the first time a record is scored."""
         self.revision = revision
+        self._mos_sample = mos_sample
+        self._estimator_factory: Callable[[], quality.Estimator] | None = estimator
+        self._estimator: quality.Estimator | None = None
+        self._mos_behind_at = int(queue_size * MOS_BEHIND_SHARE)
         self._sink = sink
         self._batch_records = batch_records
         self._flush_s = flush_s
@@ -195,6 +222,7 @@ class Recorder:
             "items": 0,
             "text_sha256": None,
             "mcep": None,
+            **dict.fromkeys(MOS_FIELDS),
         }
         c = p.capture
         if c is not None and c.texts:
@@ -205,9 +233,45 @@ class Recorder:
                 text_sha256=text_sha256(c.texts),
             )
             if c.audio and c.audio_seconds > 0:
-                mcep = fingerprint(np.concatenate(c.audio), c.sample_rate)  # [FRAMES, N_CEPS]
+                audio = np.concatenate(c.audio)
+                mcep = fingerprint(audio, c.sample_rate)  # [FRAMES, N_CEPS]
                 record["mcep"] = np.round(mcep, 3).tolist()
+                if p.status < 400 and mos_sampled(p.request_id, self._mos_sample):
+                    record.update(self._mos(audio, c.sample_rate))
         return orjson.dumps(record) + b"\n"
+
+    def _mos(self, audio: np.ndarray, sample_rate: int) -> dict[str, float]:
+        """The record's mos_* fields, or nothing when behind, unscorable or unavailable."""
+        if self._queue.qsize() > self._mos_behind_at:
+            metrics.SHADOW_MOS.labels("behind").inc()
+            return {}
+        estimator = self._mos_estimator()
+        if estimator is None:
+            return {}
+        try:
+            mos = estimator.estimate(audio, sample_rate)
+        except Exception:  # a failing estimate must not cost the record itself
+            log.exception("shadow records: the MOS estimate failed")
+            mos = None
+        if mos is None:
+            metrics.SHADOW_MOS.labels("unscored").inc()
+            return {}
+        metrics.SHADOW_MOS.labels("scored").inc()
+        return {
+            "mos_p808": round(mos.p808, 4),
+            "mos_sig": round(mos.sig, 4),
+            "mos_bak": round(mos.bak, 4),
+            "mos_ovrl": round(mos.ovrl, 4),
+        }
+
+    def _mos_estimator(self) -> quality.Estimator | None:
+        if self._estimator is None and self._estimator_factory is not None:
+            try:
+                self._estimator = self._estimator_factory()
+            except Exception as exc:  # models missing or unloadable: records go on without MOS
+                log.error("shadow records: MOS estimates off, the estimator cannot load: %s", exc)
+                self._estimator_factory = None
+        return self._estimator
 
     def _flush(self, batch: list[bytes]) -> None:
         if not batch:
