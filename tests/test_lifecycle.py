@@ -111,7 +111,8 @@ def test_corrupted_object_keeps_model_not_ready(start_predictor, s3_server, voic
 
     predictor = start_predictor(wait=False, STORAGE_URI="s3://voices/corrupt", FETCH_BACKOFF_S="0.01")
 
-    logs = wait_for_log(predictor, "cold start failed")
+    logs = wait_for_log(predictor, "the model stays not ready")
+    predictor.wait_live()  # the fetch fails on its own thread, possibly before the server listens
     assert "sha256" in logs
     # Three whole-artifact attempts (serving/coldstart.py FETCH_ATTEMPTS): two retried, the third final.
     assert fetch_attempt_warnings(predictor) == ["fetch attempt 1/3 failed", "fetch attempt 2/3 failed"]
@@ -143,7 +144,8 @@ def test_a_corrupt_first_attempt_then_a_good_object_is_ready_after_exactly_two_a
 def test_missing_artifact_keeps_model_not_ready(start_predictor):
     predictor = start_predictor(wait=False, STORAGE_URI="s3://voices/no-such-voice", FETCH_BACKOFF_S="0.01")
 
-    logs = wait_for_log(predictor, "cold start failed")
+    logs = wait_for_log(predictor, "the model stays not ready")
+    predictor.wait_live()  # the fetch fails on its own thread, possibly before the server listens
 
     assert "manifest.json" in logs
     assert predictor.get("/v2/models/tts/ready").status_code == 503

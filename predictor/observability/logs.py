@@ -54,6 +54,9 @@ def configure(level: str, fmt: str) -> None:
     access = logging.getLogger("uvicorn.access")
     access.handlers[:] = []
     access.propagate = False
+    # Python warnings (a library's deprecation notice) go through the same handler, so in JSON mode
+    # every line on stderr is JSON, as log shippers expect.
+    logging.captureWarnings(True)
     # boto's debug logs can include signed headers; keep them quiet whatever LOG_LEVEL says.
     for name in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLevelName(level)))
