@@ -29,7 +29,7 @@ import numpy as np
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.infer_type import InferRequest
 
-from predictor.api.v2 import decode_v2
+from predictor.api.v2 import add_grpc_outputs, decode_v2
 from predictor.errors import BadRequest, PredictorError
 from predictor.serving.service import TTSService
 
@@ -128,13 +128,7 @@ class StreamInferHandler(grpc.GenericRpcHandler):
                 "audio": (audio.reshape(1, -1), "FP32", "fp32_contents"),
                 "audio_length": (np.array([len(audio)], dtype=np.int64), "INT64", "int64_contents"),
             }
-            for name, _ in call.outputs:
-                array, datatype, field = tensors[name]
-                out = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-                if raw:
-                    response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
-                else:
-                    getattr(out.contents, field).extend(array.reshape(-1).tolist())
+            add_grpc_outputs(response, call, tensors, raw)
             yield StreamResponse(infer_response=response)
         if empty_final:
             response = pb.ModelInferResponse(model_name=self._model_name, id=call.request_id)

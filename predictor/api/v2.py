@@ -256,6 +256,17 @@ def encode_grpc(call: V2Call, result: SynthesisResult, model_name: str) -> pb.Mo
     tensors = _tensors(result)
     response = pb.ModelInferResponse(model_name=model_name, id=call.request_id)
     response.parameters["sample_rate"].int64_param = result.sample_rate
+    add_grpc_outputs(response, call, tensors, raw)
+    return response
+
+
+def add_grpc_outputs(
+    response: pb.ModelInferResponse,
+    call: V2Call,
+    tensors: dict[str, tuple[np.ndarray, str, str]],
+    raw: bool,
+) -> None:
+    """The requested outputs into a gRPC response: raw bytes for all of them, or typed contents."""
     for name, _ in call.outputs:
         array, datatype, field = tensors[name]
         out = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
@@ -263,7 +274,6 @@ def encode_grpc(call: V2Call, result: SynthesisResult, model_name: str) -> pb.Mo
             response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
         else:
             getattr(out.contents, field).extend(array.reshape(-1).tolist())
-    return response
 
 
 class TTSModel(Model):
