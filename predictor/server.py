@@ -50,9 +50,8 @@ from predictor.api.handlers import (
 )
 from predictor.api.stream_infer import StreamInferHandler
 from predictor.api.v2 import TTSModel, require_version
-from predictor.audio import quality
 from predictor.config import ConfigError, Settings
-from predictor.errors import PredictorError, StorageError
+from predictor.errors import PredictorError
 from predictor.events.outputs import OutputStore
 from predictor.observability import metrics, tracing
 from predictor.serving import coldstart
@@ -61,7 +60,6 @@ from predictor.serving.interceptor import GrpcInterceptor
 from predictor.serving.middleware import Limits, RequestMiddleware
 from predictor.serving.service import TTSService
 from predictor.shadow import recorder as records
-from predictor.shadow import sinks
 
 log = logging.getLogger("predictor.server")
 
@@ -282,39 +280,9 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
 
 
 # --- main ------------------------------------------------------------------------------------
-def _recorder(settings: Settings) -> records.Recorder | None:
-    try:
-        sink = sinks.open_sink(settings.shadow_sink, settings.revision_name, settings.s3_read_timeout_s)
-    except (StorageError, OSError) as exc:  # OSError: a local directory that cannot be created
-        raise ConfigError(f"invalid configuration: SHADOW_SINK: {exc}") from None
-    if sink is None:
-        return None
-    if settings.shadow_mos_sample > 0:
-        try:
-            quality.model_files()  # a path check; the sessions load on the records' thread when first needed
-        except quality.QualityUnavailable as exc:
-            raise ConfigError(f"invalid configuration: SHADOW_MOS_SAMPLE: {exc} (or set it to 0)") from None
-    log.info(
-        "shadow records on",
-        extra={
-            "sink": settings.shadow_sink,
-            "revision": settings.revision_name,
-            "mos_sample": settings.shadow_mos_sample,
-        },
-    )
-    return records.Recorder(
-        sink,
-        settings.revision_name,
-        batch_records=settings.shadow_batch_records,
-        flush_s=settings.shadow_flush_s,
-        queue_size=settings.shadow_queue,
-        mos_sample=settings.shadow_mos_sample,
-    )
-
-
 async def run(settings: Settings, cold_start: Future) -> bool:
     """Serve until SIGTERM/SIGINT and drain; True if every admitted request finished in time."""
-    recorder = _recorder(settings)
+    recorder = records.from_settings(settings)
     service = TTSService(settings)
     model = TTSModel(settings.model_name, service)
     registry = ModelRepository()

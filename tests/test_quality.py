@@ -252,16 +252,16 @@ def test_predictor_writes_mos_into_sampled_records(start_predictor, tmp_path):
 
 
 def test_mos_sample_without_the_models_is_refused_at_start(monkeypatch, tmp_path):
-    from predictor import server
     from predictor.config import ConfigError, load_settings
+    from predictor.shadow import recorder as records
 
     def missing() -> tuple[Path, Path]:
         raise quality.QualityUnavailable("MOS estimates need the DNSMOS models from the speechmos package")
 
     monkeypatch.setattr(quality, "model_files", missing)
     with pytest.raises(ConfigError, match="SHADOW_MOS_SAMPLE"):
-        server._recorder(load_settings(shadow_sink=str(tmp_path), shadow_mos_sample=0.05))
-    assert server._recorder(load_settings(shadow_sink=str(tmp_path), shadow_mos_sample=0)) is not None
+        records.from_settings(load_settings(shadow_sink=str(tmp_path), shadow_mos_sample=0.05))
+    assert records.from_settings(load_settings(shadow_sink=str(tmp_path), shadow_mos_sample=0)) is not None
 
 
 # --- compare ----------------------------------------------------------------------------------

@@ -389,6 +389,18 @@ _BROKEN = textwrap.dedent(
 
 
     service.TTSService.synthesize = synthesize
+
+    _stream = service.TTSService.stream
+
+
+    async def stream(self, text, params):
+        if "BOOM" in text:
+            raise RuntimeError("deliberately broken for a test")
+        async for piece in _stream(self, text, params):
+            yield piece
+
+
+    service.TTSService.stream = stream
     """
 )
 

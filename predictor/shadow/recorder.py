@@ -46,8 +46,10 @@ import orjson
 
 from predictor.audio import quality
 from predictor.audio.fingerprint import FINGERPRINT_MAX_SECONDS, fingerprint
+from predictor.config import ConfigError, Settings
+from predictor.errors import StorageError
 from predictor.observability import metrics
-from predictor.shadow.sinks import Sink
+from predictor.shadow.sinks import Sink, open_sink
 
 log = logging.getLogger("predictor.shadow")
 
@@ -288,3 +290,35 @@ class Recorder:
                     log.error("shadow records: a batch of %d could not be written: %s", len(batch), exc)
                     return
                 time.sleep(self._backoff_s * 2**attempt)
+
+
+def from_settings(settings: Settings) -> Recorder | None:
+    """The recorder SHADOW_SINK asks for (None when unset); a bad sink or missing MOS models is a
+    ConfigError at start, not a surprise on the first request."""
+    try:
+        sink = open_sink(settings.shadow_sink, settings.revision_name, settings.s3_read_timeout_s)
+    except (StorageError, OSError) as exc:  # OSError: a local directory that cannot be created
+        raise ConfigError(f"invalid configuration: SHADOW_SINK: {exc}") from None
+    if sink is None:
+        return None
+    if settings.shadow_mos_sample > 0:
+        try:
+            quality.model_files()  # a path check; the sessions load on the records' thread when first needed
+        except quality.QualityUnavailable as exc:
+            raise ConfigError(f"invalid configuration: SHADOW_MOS_SAMPLE: {exc} (or set it to 0)") from None
+    log.info(
+        "shadow records on",
+        extra={
+            "sink": settings.shadow_sink,
+            "revision": settings.revision_name,
+            "mos_sample": settings.shadow_mos_sample,
+        },
+    )
+    return Recorder(
+        sink,
+        settings.revision_name,
+        batch_records=settings.shadow_batch_records,
+        flush_s=settings.shadow_flush_s,
+        queue_size=settings.shadow_queue,
+        mos_sample=settings.shadow_mos_sample,
+    )
