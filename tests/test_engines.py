@@ -245,12 +245,6 @@ def test_compile_1_serves_the_eager_engines_audio(compiled, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the warm-up's dynamic graph is guarded to the frame counts it saw (here "
-    "192 * frames > 20480, over ~1.2 s of audio), so the first short request compiles a second graph on "
-    "the request path (seconds on CPU); the README says never on a request",
-)
 def test_compile_1_compiles_nothing_on_a_short_request(compiled):
     engine, stats = compiled
     graphs = stats["unique_graphs"]

@@ -59,6 +59,10 @@ class TorchEngine(PiperEngine):
         quiet = SynthesisParams(noise_scale=0.0, noise_w=0.0, seed=0)
         self.synthesize([text], quiet)
         self.synthesize([f"{text} {text}"], quiet)
+        if self._compile:
+            # torch.compile guards its dynamic graph to the frame counts it saw: a short utterance
+            # (under ~1.2 s) gets a graph of its own, built here rather than on a user's request.
+            self.synthesize(["Hi."], quiet)
 
     def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         voice = self.voice
