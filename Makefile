@@ -53,11 +53,11 @@ fuzz: install
 
 # Render every overlay of knative/ and keda/ (with the shared deploy/) to .cache/manifests/<flavour>-<overlay>.yaml.
 manifests: install
-	$(BIN)/python -m tools.manifests render
+	$(BIN)/python -m tts_ops.manifests render
 
 # Validate every rendered object strictly (schemas, lints, cross-checks); no cluster needed.
 validate: install
-	$(BIN)/python -m tools.manifests validate
+	$(BIN)/python -m tts_ops.manifests validate
 
 bench: install
 	$(BIN)/python -m bench
@@ -89,14 +89,14 @@ lint: install
 IMAGE      ?= tts-predictor:dev
 IMAGE_ARGS ?=
 image: install
-	$(BIN)/python -m tools.image build --tag $(IMAGE) -- $(IMAGE_ARGS)
+	$(BIN)/python -m tts_ops.image build --tag $(IMAGE) -- $(IMAGE_ARGS)
 
 base-image: install
-	$(BIN)/python -m tools.image base
+	$(BIN)/python -m tts_ops.image base
 
 # Image and base sizes, and each layer's.
 image-sizes: install
-	$(BIN)/python -m tools.image sizes --tag $(IMAGE)
+	$(BIN)/python -m tts_ops.image sizes --tag $(IMAGE)
 
 clean:
 	rm -rf $(CACHE) $(VENV)

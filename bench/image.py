@@ -3,7 +3,7 @@
 Rounds alternate bare and container, each from an empty MODEL_DIR (a fresh emptyDir: the voice is
 downloaded from S3 each time), so a neighbour's load on this shared machine lands on both sides.
 Bare is `python -m predictor serve` from this checkout's venv, timed from Popen; the container is
-`podman run -d` of the built image with the knative cpu overlay's settings (tools/podrun.py), timed
+`podman run -d` of the built image with the knative cpu overlay's settings (tts_ops/podrun.py), timed
 from the moment podman is exec'd, so creating the container counts against it. Both get the
 manifest's env and the same CPU_THREADS.
 """
@@ -19,8 +19,8 @@ import httpx
 from bench.common import THREADS, Predictor, Row, Session, SuiteResult, log, median
 from testing.ports import free_port
 from testing.s3 import aws_env
-from tools import image as image_build
-from tools.podrun import manifest_pod, remove, run_args
+from tts_ops import image as image_build
+from tts_ops.podrun import manifest_pod, remove, run_args
 
 RUNS = 3
 TAG = "tts-predictor:bench"

@@ -1,4 +1,4 @@
-"""`tts-predictor` / `python -m predictor`: serve, publish, fetch, synth, compare, profile, simulate.
+"""`tts-predictor` / `python -m predictor`: serve, publish, fetch, synth (the offline tools: `tts-ops`).
 
 `serve` starts the artifact download and the engine construction on threads before it imports
 KServe, so the three overlap (see server.py); the other commands are for people and CI.
@@ -128,135 +128,21 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- compare ---------------------------------------------------------------------------------
-def cmd_compare(args: argparse.Namespace) -> int:
-    """Exit 0 on PASS, 1 on FAIL, 2 when the input cannot be judged (a CI gate tells them apart)."""
-    from predictor.shadow import compare
+# --- moved commands --------------------------------------------------------------------------
+# compare, profile and simulate are offline tools for people and CI, not for a serving pod: they live in
+# the ops package (tts_ops), installed with the `ops` extra and run as `tts-ops <command>`. The old
+# names still parse here so that a script that calls them learns where they went instead of reading
+# argparse's "invalid choice".
+MOVED_TO_OPS = ("compare", "profile", "simulate")
 
-    thresholds = compare.Thresholds(
-        **{field: getattr(args, field) for _, field, _, _ in _THRESHOLD_FLAGS},
+
+def cmd_moved(args: argparse.Namespace) -> int:
+    print(
+        f"tts-predictor {args.command}: moved to `tts-ops {args.command}` (the offline tools: "
+        "pip install 'tts-predictor[ops]' from a checkout; the image does not carry them)",
+        file=sys.stderr,
     )
-    try:
-        report = compare.compare(
-            compare.load_records(args.stable), compare.load_records(args.canary), thresholds
-        )
-        if args.png:
-            compare.write_png(report, Path(args.png))
-        if args.html:
-            flags = {field: flag for flag, field, _, _ in _THRESHOLD_FLAGS}
-            compare.write_html(report, thresholds, Path(args.html), flags)
-    except compare.CompareError as exc:
-        print(f"tts-predictor compare: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        import json
-
-        print(json.dumps(report.summary(), indent=2))
-    else:
-        print(compare.format_report(report))
-    return 0 if report.passed else 1
-
-
-# --- profile / simulate ----------------------------------------------------------------------
-
-# compare's verdict thresholds: flag, Thresholds field, metavar, help ({default} is filled in).
-_THRESHOLD_FLAGS = (
-    (
-        "--min-match-rate",
-        "min_match_rate",
-        "FRACTION",
-        "stable requests the canary must also have recorded (default {default})",
-    ),
-    (
-        "--max-p50-increase",
-        "max_p50_increase",
-        "FRACTION",
-        "canary p50 latency over stable's (default {default} = +10%%)",
-    ),
-    (
-        "--max-p99-increase",
-        "max_p99_increase",
-        "FRACTION",
-        "canary p99 latency over stable's (default {default})",
-    ),
-    (
-        "--max-error-rate-increase",
-        "max_error_rate_increase",
-        "FRACTION",
-        "absolute increase of the error rate (default {default})",
-    ),
-    (
-        "--max-duration-change",
-        "max_duration_change",
-        "FRACTION",
-        "|median canary/stable audio duration - 1| (default {default})",
-    ),
-    ("--max-mcd-p50", "max_mcd_p50_db", "DB", "median mel-cepstral distortion (default {default} dB)"),
-    (
-        "--max-mcd-p95",
-        "max_mcd_p95_db",
-        "DB",
-        "95th percentile mel-cepstral distortion (default {default} dB)",
-    ),
-    (
-        "--max-mos-drop",
-        "max_mos_drop",
-        "MOS",
-        "largest drop of the mean DNSMOS P.808 MOS and of P.835 OVRL, each stable minus canary over "
-        "requests scored on both sides (e.g. 0.1; default off; needs 20 such requests, else exit 2)",
-    ),
-)
-
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    from predictor.simulate import profile
-    from predictor.simulate.errors import SimulateError
-
-    try:
-        measured = profile.measure(args.url, repeats=args.repeats)
-        if args.out:
-            profile.write(measured, Path(args.out))
-    except SimulateError as exc:
-        print(f"tts-predictor profile: {exc}", file=sys.stderr)
-        return 2
-    import json
-
-    print(json.dumps(measured.to_json(), indent=2))
-    return 0
-
-
-def cmd_simulate(args: argparse.Namespace) -> int:
-    """Exit 2 on bad input (manifests, trace, profile, --set, --sweep), naming the file and line or key."""
-    import json
-
-    from predictor.simulate import profile, report, settings, sweep, trace
-    from predictor.simulate.errors import SimulateError
-    from predictor.simulate.simulator import simulate
-
-    try:
-        flavour, values = settings.from_manifests(args.manifests)
-        values = settings.apply_overrides(values, args.set or [])
-        prof = profile.load(args.profile or profile.default_path())
-        traffic = trace.load(args.trace)
-        if args.sweep:
-            rows = sweep.run(flavour, values, prof, traffic, args.sweep)
-            if args.json:
-                print(json.dumps(sweep.to_json(rows), indent=2))
-            else:
-                print(sweep.format_table(sweep.parse(args.sweep)[0], rows))
-            return 0
-        result = simulate(flavour, values, prof, traffic)
-        title = f"{args.manifests} | {traffic.source}"
-        if args.png:
-            report.write_png(result, Path(args.png), title)
-        if args.html:
-            report.write_html(result, Path(args.html), title, values)
-    except SimulateError as exc:
-        print(f"tts-predictor simulate: {exc}", file=sys.stderr)
-        return 2
-    summary = result.summary()
-    print(json.dumps(summary, indent=2) if args.json else report.format_summary(summary))
-    return 0
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,50 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voice")
     p.add_argument("--seed", type=int, help="reproducible noise (torch engine)")
 
-    from predictor.shadow.compare import Thresholds
-
-    t = Thresholds()
-    p = sub.add_parser(
-        "compare",
-        help="judge a canary from shadow records: PASS (exit 0) or FAIL (exit 1); bad input exits 2",
-    )
-    p.add_argument(
-        "--stable", required=True, help="stable's records: s3://bucket/prefix, a JSONL file or a directory"
-    )
-    p.add_argument("--canary", required=True, help="canary's records, likewise")
-    p.add_argument("--png", help="write latency CDFs and the distance histogram here")
-    p.add_argument(
-        "--html", help="write one self-contained page here: verdict, each threshold, the plot (atomically)"
-    )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    for flag, field, metavar, text in _THRESHOLD_FLAGS:
-        default = getattr(t, field)
-        p.add_argument(
-            flag, type=float, default=default, metavar=metavar, dest=field, help=text.format(default=default)
-        )
-    p = sub.add_parser("profile", help="measure a running predictor's synthesis and cold-start times")
-    p.add_argument("--url", required=True, help="the predictor's REST address, e.g. http://127.0.0.1:8080")
-    p.add_argument("--out", help="write the profile JSON here (atomically)")
-    p.add_argument("--repeats", type=int, default=3, help="requests per text length (median taken)")
-
-    p = sub.add_parser(
-        "simulate",
-        help="replay traffic through the manifests' autoscaling settings with a measured profile",
-    )
-    p.add_argument(
-        "--manifests", required=True, help="a kustomization: knative/overlays/cpu, keda/overlays/gpu, ..."
-    )
-    p.add_argument(
-        "--trace", required=True, help="CSV `t,chars` or a generator (poisson:rate=R,... see README)"
-    )
-    p.add_argument("--profile", help="profile JSON (default: the shipped cpu-2core profile)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one setting (repeatable)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--png", help="draw the timeline here (written atomically)")
-    p.add_argument("--html", help="write one self-contained page here: summary, settings, timeline")
-    p.add_argument(
-        "--sweep", metavar="KEY=V1,V2,...", help="one run per value: p99 vs replica-seconds, Pareto front"
-    )
+    for name in MOVED_TO_OPS:
+        sub.add_parser(name, help=f"moved to `tts-ops {name}`", add_help=False)
     return parser
 
 
@@ -346,14 +190,16 @@ COMMANDS = {
     "publish": cmd_publish,
     "fetch": cmd_fetch,
     "synth": cmd_synth,
-    "compare": cmd_compare,
-    "profile": cmd_profile,
-    "simulate": cmd_simulate,
+    **dict.fromkeys(MOVED_TO_OPS, cmd_moved),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Known arguments only, so that a moved command's own flags reach cmd_moved instead of argparse.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command not in MOVED_TO_OPS:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     command = args.command or "serve"  # `python -m predictor` with no arguments serves, like a container
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -7,7 +7,7 @@ raises them never thinks about transports.
 
 Three errors stay outside this tree on purpose, because no client ever sees them: ConfigError
 (config.py: bad settings, the process exits 2 at start), ConversionError (engine/convert.py: a voice
-that cannot be converted at publish time) and CompareError (shadow/compare.py: `compare` exits 2).
+that cannot be converted at publish time) and CompareError (tts_ops/compare.py: `tts-ops compare` exits 2).
 """
 
 from __future__ import annotations

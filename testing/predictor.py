@@ -98,11 +98,12 @@ def run_synth(model_dir: Path, text: str, out: Path, *args: str) -> subprocess.C
 
 
 def run_cli(
-    *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 120, module: str = "predictor"
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m predictor ARGS` to completion in this environment plus ``env``, output captured."""
+    """`python -m predictor ARGS` (or ``module``: `tts_ops` for the offline tools) to completion in
+    this environment plus ``env``, output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "predictor", *args],
+        [sys.executable, "-m", module, *args],
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,

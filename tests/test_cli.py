@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import soundfile
 
 from testing.audio import check_samples
@@ -71,6 +72,25 @@ def test_console_script_is_installed():
     run = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
 
     assert run.returncode == 0 and "serve" in run.stdout and "publish" in run.stdout
+
+
+def test_ops_console_script_is_installed_with_the_offline_commands():
+    script = shutil.which("tts-ops", path=str(Path(sys.executable).parent))
+
+    run = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+
+    assert run.returncode == 0, run.stderr
+    assert all(name in run.stdout for name in ("compare", "profile", "simulate", "manifests", "image"))
+
+
+@pytest.mark.parametrize("command", ["compare", "profile", "simulate"])
+def test_a_command_moved_to_tts_ops_exits_2_saying_where_it_went(command, capsys):
+    from predictor import cli as runtime_cli
+
+    code = runtime_cli.main([command, "--stable", "x", "--canary", "y"])
+
+    assert code == 2
+    assert f"`tts-ops {command}`" in capsys.readouterr().err
 
 
 def test_dockerfile_is_clean_under_hadolint():

@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from testing.bodies import v2_request
 from testing.ports import free_port
 from testing.s3 import aws_env
-from tools import image as image_build
-from tools.podrun import PodSpec, manifest_pod, remove, run_args
+from tts_ops import image as image_build
+from tts_ops.podrun import PodSpec, manifest_pod, remove, run_args
 
 # Setup builds the image: minutes cold, seconds warm.
 pytestmark = pytest.mark.timeout(3600)

@@ -1,4 +1,4 @@
-"""The fallback kustomize renderer (predictor.deploy.kustomize) against kubectl on small trees."""
+"""The fallback kustomize renderer (tts_ops.kustomize) against kubectl on small trees."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from predictor.deploy import kustomize
+from tts_ops import kustomize
 
 
 def _write(folder: Path, files: dict[str, object]) -> Path:

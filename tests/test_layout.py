@@ -1,4 +1,5 @@
-"""The package's floors: a module imports only its own family or the floors below, and no import cycle
+"""The two packages' floors: the runtime (predictor) and the offline tools (tts_ops). A module imports
+only its own family or the floors below, the runtime imports nothing of the tools, and no import cycle
 exists, counting imports inside functions (which hide cycles from Python but not from a reader)."""
 
 from __future__ import annotations
@@ -8,46 +9,61 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "predictor"
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIME, OPS = "predictor", "tts_ops"
 
-# Lowest first. A family may import any family on a lower floor, never one above.
-FLOORS: list[set[str]] = [
-    {"config", "errors", "text"},
-    # Renders our kustomize tree for tools/ and `simulate`; needs nothing above the core.
-    {"deploy"},
-    {"observability"},
-    {"storage"},
-    # HTML pages of compare's and simulate's reports; writes through storage's atomic files.
-    {"report"},
-    {"audio"},
-    {"engine"},
-    {"artifact"},
-    {"shadow"},
-    {"serving"},
-    {"events"},
-    {"api"},
-    {"simulate"},
-    {"server", "cli", "__main__"},
-]
+# Lowest first. A family may import any family on a lower floor of its own package, never one above.
+FLOORS: dict[str, list[set[str]]] = {
+    # What `serve`, `publish`, `fetch` and `synth` run; the image carries this package alone.
+    RUNTIME: [
+        {"config", "errors", "text"},
+        {"observability"},
+        {"storage"},
+        {"audio"},
+        {"engine"},
+        {"artifact"},
+        {"shadow"},
+        {"serving"},
+        {"events"},
+        {"api"},
+        {"server", "cli", "__main__"},
+    ],
+    # May import any of the runtime (compare reads shadow records, manifests checks Settings).
+    OPS: [
+        # Our kustomize tree rendered; the HTML page that compare's and simulate's reports share.
+        {"kustomize", "report_page"},
+        {"compare", "simulate", "manifests", "image"},
+        # Pods of the image run with the manifests' settings.
+        {"podrun"},
+        {"cli", "__main__"},
+    ],
+}
+
+
+def _files() -> list[Path]:
+    return sorted(p for package in FLOORS for p in (ROOT / package).rglob("*.py"))
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _package(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _ours(name: str) -> bool:
+    return _package(name) in FLOORS
+
+
 def _imports(path: Path) -> set[str]:
-    """Every predictor module this file imports, at any depth of the file (functions included)."""
+    """Every module of either package this file imports, at any depth of the file (functions included)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("predictor.")}
-        elif (
-            isinstance(node, ast.ImportFrom)
-            and node.level == 0
-            and node.module
-            and (node.module == "predictor" or node.module.startswith("predictor."))
-        ):
+            found |= {a.name for a in node.names if _ours(a.name)}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and _ours(node.module):
             # `from predictor.audio import codecs` imports a module, `from predictor.errors import X`
             # a name: both candidates are kept and _graph resolves each to the module that exists.
             found |= {f"{node.module}.{a.name}" for a in node.names}
@@ -55,7 +71,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = {_module_name(p): p for p in _files()}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
@@ -71,17 +87,23 @@ def _graph() -> dict[str, set[str]]:
 
 def _family(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "predictor"
+    return parts[1] if len(parts) > 1 else parts[0]
 
 
 def _floor(module: str) -> int:
-    family = _family(module)
-    if family == "predictor":  # the package's own __init__: a docstring
+    package, family = _package(module), _family(module)
+    if family == package:  # the package's own __init__: a docstring
         return 0
-    for floor, families in enumerate(FLOORS):
+    for floor, families in enumerate(FLOORS[package]):
         if family in families:
             return floor
-    raise AssertionError(f"{module}: family {family!r} is on no floor; add it to FLOORS")
+    raise AssertionError(f"{module}: family {family!r} is on no floor of {package}; add it to FLOORS")
+
+
+def test_both_packages_have_modules():
+    packages = {_package(m) for m in _graph()}
+
+    assert packages == {RUNTIME, OPS}
 
 
 def test_every_module_sits_on_a_known_floor():
@@ -89,17 +111,44 @@ def test_every_module_sits_on_a_known_floor():
         _floor(module)
 
 
-def test_no_module_imports_a_higher_floor():
+def test_no_module_imports_a_higher_floor_of_its_package():
     graph = _graph()
 
     upward = sorted(
         f"{module} -> {target}"
         for module, targets in graph.items()
         for target in targets
-        if _floor(target) > _floor(module)
+        if _package(target) == _package(module) and _floor(target) > _floor(module)
     )
 
     assert upward == []
+
+
+def test_the_runtime_imports_nothing_of_the_offline_tools():
+    graph = _graph()
+
+    into_ops = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if _package(module) == RUNTIME and _package(target) == OPS
+    )
+
+    assert into_ops == []
+
+
+def test_the_runtime_names_the_offline_tools_in_no_import_string():
+    # importlib.import_module("tts_ops...") or __import__ would dodge the AST check above.
+    dynamic = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / RUNTIME).rglob("*.py")
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value == OPS or node.value.startswith(OPS + "."))
+    )
+
+    assert dynamic == []
 
 
 def test_no_import_cycles_counting_function_level_imports():
@@ -123,10 +172,10 @@ def test_no_import_cycles_counting_function_level_imports():
     assert cycles == []
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: _module_name(p))
+@pytest.mark.parametrize("path", _files(), ids=lambda p: _module_name(p))
 def test_every_module_opens_with_a_docstring_saying_what_it_owns(path: Path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
 
     doc = ast.get_docstring(tree)
 
-    assert doc and len(doc.split()) >= 4, f"{path.relative_to(PACKAGE.parent)} needs an opening docstring"
+    assert doc and len(doc.split()) >= 4, f"{path.relative_to(ROOT)} needs an opening docstring"

@@ -10,9 +10,8 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from predictor.deploy import kustomize
-from tools import manifests
-from tools.manifests import OVERLAYS, Deployment, predictor_container, probes
+from tts_ops import kustomize, manifests
+from tts_ops.manifests import OVERLAYS, Deployment, predictor_container, probes
 
 LONG_TEXT = " ".join(
     ["The weights arrive, the engine warms up, and only then do we say that we are ready."] * 7

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import soundfile
 
-from predictor import cli
 from testing.audio import speech_problems
 from testing.bodies import speech_request
 from testing.predictor import PredictorProcess, run_cli
 from testing.process import REPO
 from testing.records import SR, shadow_record, voiced, write_jsonl
+from tts_ops import cli as ops_cli
 
 CHROMIUM = Path("/usr/bin/chromium")
 # No sandbox: the tests run as root in a container. The rest keeps the browser off the network and
@@ -226,7 +226,7 @@ def test_compare_html_opens_without_console_errors_and_shows_the_verdict(
     stable, canary = _records(tmp_path, canary_latency_s)
     out = tmp_path / "report" / "verdict.html"
 
-    code = cli.main(["compare", "--stable", str(stable), "--canary", str(canary), "--html", str(out)])
+    code = ops_cli.main(["compare", "--stable", str(stable), "--canary", str(canary), "--html", str(out)])
 
     capsys.readouterr()
     assert code == (0 if verdict == "PASS" else 1)
@@ -257,6 +257,7 @@ def test_simulate_html_shows_the_summary_and_the_timeline(page, console, tmp_pat
         "poisson:rate=1,duration=120",
         "--html",
         str(out),
+        module="tts_ops",
     )
 
     assert result.returncode == 0, result.stderr

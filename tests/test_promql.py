@@ -13,10 +13,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from predictor.deploy import kustomize
 from testing.bodies import speech_request, v2_request
-from tools import manifests
-from tools.manifests import Deployment
+from tts_ops import kustomize, manifests
+from tts_ops.manifests import Deployment
 
 # The labels a PodMonitor gives a stable predictor pod (Knative names pods <revision>-deployment-*).
 POD_LABELS = {

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictor import cli
 from predictor.audio import quality
 from predictor.engine.base import SynthesisParams
 from predictor.observability import metrics
@@ -20,6 +19,7 @@ from testing import degrade
 from testing.bodies import v2_request
 from testing.polling import wait_until
 from testing.records import shadow_record, voiced, write_jsonl
+from tts_ops import cli as ops_cli
 
 SR16 = quality.SAMPLE_RATE
 
@@ -291,7 +291,7 @@ def write_sides(
 
 
 def run_compare(capsys, *args: str) -> tuple[int, str, str]:
-    code = cli.main(["compare", *args])
+    code = ops_cli.main(["compare", *args])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -29,11 +29,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as grpc_predict_v2_pb2_grpc
 
 from bench import nginx
-from predictor import cli
 from predictor.audio import fingerprint
 from predictor.config import load_settings
 from predictor.observability import metrics
-from predictor.shadow import compare
 from predictor.shadow import recorder as recording
 from testing.bodies import v1_request, v2_grpc_request, v2_request
 from testing.polling import answers, wait_until
@@ -44,6 +42,8 @@ from testing.records import SR, voiced, write_jsonl
 from testing.records import shadow_record as record
 from testing.s3 import aws_env, s3_client
 from testing.s3_relay import S3Relay
+from tts_ops import cli as ops_cli
+from tts_ops import compare
 
 # --- helpers ---------------------------------------------------------------------------------
 N_SYNTH = 40
@@ -68,7 +68,7 @@ def canary(tmp_path: Path, make) -> Path:
 
 
 def run_compare(capsys, *args: str) -> tuple[int, str, str]:
-    code = cli.main(["compare", *args])
+    code = ops_cli.main(["compare", *args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -386,7 +386,7 @@ def test_png_with_latency_cdfs_and_distance_histogram_is_written_whole(capsys, s
 
 def test_missing_canary_argument_is_a_usage_error_exit_2(capsys, stable_file):
     with pytest.raises(SystemExit) as exc:
-        cli.main(["compare", "--stable", str(stable_file)])
+        ops_cli.main(["compare", "--stable", str(stable_file)])
 
     assert exc.value.code == 2
     assert "--canary" in capsys.readouterr().err
@@ -720,7 +720,7 @@ def test_request_ids_propagate_through_the_mirror_to_every_predictor(mirrored, s
 
 
 def compare_with_stable(mirrored, canary: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`tts-predictor compare` of one canary's records against the stable's, latency limits loosened."""
+    """`tts-ops compare` of one canary's records against the stable's, latency limits loosened."""
     uris = mirrored["uris"]
     return run_cli(
         "compare",
@@ -731,6 +731,7 @@ def compare_with_stable(mirrored, canary: str, *args: str) -> subprocess.Complet
         *LOOSE_LATENCY,
         *args,
         env=mirrored["env"],
+        module="tts_ops",
     )
 
 

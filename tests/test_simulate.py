@@ -1,4 +1,4 @@
-"""`tts-predictor simulate` as a user runs it: real manifests, real CLI process, bad input -> exit 2."""
+"""`tts-ops simulate` as a user runs it: real manifests, real CLI process, bad input -> exit 2."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def simulate(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "predictor", "simulate", *args],
+        [sys.executable, "-m", "tts_ops", "simulate", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

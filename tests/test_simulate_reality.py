@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from predictor.simulate import profile as profiles
-from predictor.simulate import settings, simulator, trace
 from testing.bodies import v2_request
+from tts_ops.simulate import profile as profiles
+from tts_ops.simulate import settings, simulator, trace
 
 POLL_S = 0.05  # the holder's readiness poll, as a readiness probe period
 TEXT = "Scaling from zero is the reason this project exists, and now it is measured."

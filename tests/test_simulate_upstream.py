@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.simulate import hpa
-from predictor.simulate.knative_kpa import Decider, DeciderSpec, ScaleToZero
+from tts_ops.simulate import hpa
+from tts_ops.simulate.knative_kpa import Decider, DeciderSpec, ScaleToZero
 
 # knative/serving pkg/autoscaler/scaling/autoscaler_test.go: its test autoscaler presumes 75 % utilization.
 TARGET_UTILIZATION = 0.75

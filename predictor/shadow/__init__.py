@@ -1,1 +1,1 @@
-"""Shadow traffic: per-request records, their sinks, and `compare`, the canary verdict."""
+"""Shadow traffic: per-request records and their sinks (the canary verdict, `tts-ops compare`, reads them)."""

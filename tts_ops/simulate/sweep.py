@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from predictor.simulate.errors import SimulateError
-from predictor.simulate.profile import Profile
-from predictor.simulate.settings import KEYS, parse_value
-from predictor.simulate.simulator import simulate
-from predictor.simulate.trace import Trace
+from tts_ops.simulate.errors import SimulateError
+from tts_ops.simulate.profile import Profile
+from tts_ops.simulate.settings import KEYS, parse_value
+from tts_ops.simulate.simulator import simulate
+from tts_ops.simulate.trace import Trace
 
 
 def parse(spec: str) -> tuple[str, list[Any]]:

@@ -1,4 +1,4 @@
-"""`tts-predictor simulate` and `tts-predictor profile`: scale-from-zero, replayed offline.
+"""`tts-ops simulate` and `tts-ops profile`: scale-from-zero, replayed offline.
 
 The shipped manifests' autoscaling values are read from the rendered manifests (settings), traffic
 from a CSV or a generator (trace), the predictor's costs from a measured profile (profile). Models of

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from predictor.simulate.errors import SimulateError
+from tts_ops.simulate.errors import SimulateError
 
 SCHEMA = "tts-predictor-profile/1"
 # Lengths measured by `profile`: a short reply up to a paragraph (MAX_SEGMENT_CHARS-sized).

@@ -1,6 +1,6 @@
 """Build the image with whatever engine this machine has: `make base-image`, `make image`.
 
-Usage: python -m tools.image base | build [-- EXTRA BUILD ARGS] | sizes
+Usage: python -m tts_ops.image base | build [-- EXTRA BUILD ARGS] | sizes
 
 Where a Docker engine answers, `docker build` runs the Dockerfile as users run it. Otherwise podman
 (Debian's) builds the same Dockerfile, with what these machines need and nothing a user needs:
@@ -301,7 +301,7 @@ def _quiet(args: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.image")
+    parser = argparse.ArgumentParser(prog="python -m tts_ops.image")
     parser.add_argument("command", choices=("base", "build", "sizes"))
     parser.add_argument("--tag", default=DEFAULT_TAG)
     parser.add_argument("extra", nargs="*", help="passed to the engine's build (after --)")

@@ -6,8 +6,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from predictor.simulate.errors import SimulateError
-from predictor.simulate.simulator import Result
+from tts_ops.simulate.errors import SimulateError
+from tts_ops.simulate.simulator import Result
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -20,9 +20,7 @@ def render_png(result: Result, title: str) -> bytes:
     try:
         import matplotlib
     except ImportError:
-        raise SimulateError(
-            "--png and --html need matplotlib: pip install 'tts-predictor[compare]'"
-        ) from None
+        raise SimulateError("--png and --html need matplotlib: pip install 'tts-predictor[ops]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -62,7 +60,7 @@ def write_png(result: Result, out: Path, title: str) -> None:
 
 def write_html(result: Result, out: Path, title: str, settings: dict[str, Any]) -> None:
     """One self-contained page: the run's summary, the settings it ran with, and the timeline."""
-    from predictor.report.html import Figure, Page, Table
+    from tts_ops.report_page import Figure, Page, Table
 
     summary = result.summary()
     Page(
@@ -78,7 +76,7 @@ def write_html(result: Result, out: Path, title: str, settings: dict[str, Any]) 
         figures=[
             Figure("Arrivals, pods, waiting requests and latency against time", render_png(result, title))
         ],
-        footer="tts-predictor simulate",
+        footer="tts-ops simulate",
     ).write(Path(out))
 
 

@@ -501,7 +501,7 @@ def render_png(report: Report) -> bytes:
     try:
         import matplotlib
     except ImportError:
-        raise CompareError("--png and --html need matplotlib: pip install 'tts-predictor[compare]'") from None
+        raise CompareError("--png and --html need matplotlib: pip install 'tts-predictor[ops]'") from None
 
     matplotlib.use("Agg")  # no display in CI
     import matplotlib.pyplot as plt
@@ -547,7 +547,7 @@ def write_html(
 
     ``flags`` maps a Thresholds field to the CLI flag that sets it, so the page says which knob to turn.
     """
-    from predictor.report.html import Figure, Page, Table
+    from tts_ops.report_page import Figure, Page, Table
 
     flags = flags or {}
 
@@ -608,5 +608,5 @@ def write_html(
                 render_png(r),
             )
         ],
-        footer="tts-predictor compare",
+        footer="tts-ops compare",
     ).write(out)

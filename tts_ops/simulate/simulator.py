@@ -15,10 +15,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from predictor.simulate import hpa, keda, knative_kpa
-from predictor.simulate.pods import Pod, PodTiming
-from predictor.simulate.profile import Profile
-from predictor.simulate.trace import Trace
+from tts_ops.simulate import hpa, keda, knative_kpa
+from tts_ops.simulate.pods import Pod, PodTiming
+from tts_ops.simulate.profile import Profile
+from tts_ops.simulate.trace import Trace
 
 _COMPLETE, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE = range(6)
 
@@ -425,7 +425,7 @@ class Simulation:
 
 
 def _rules(v: dict[str, Any], prefix: str) -> hpa.Rules:
-    from predictor.simulate.errors import SimulateError
+    from tts_ops.simulate.errors import SimulateError
 
     policies = []
     for item in filter(None, str(v[f"{prefix}.policies"]).split(",")):

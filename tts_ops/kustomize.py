@@ -4,7 +4,7 @@
 renderer for the part of kustomize our tree uses: resources, components, namespace, namePrefix and
 nameSuffix, JSON 6902 patches (add, replace, remove, test) and replacements (a field copied from one
 object into others). Anything else in a kustomization is refused rather than rendered differently
-from kustomize; tools/manifests.py's tests check that the two renderers agree.
+from kustomize; tts_ops/manifests.py's tests check that the two renderers agree.
 """
 
 from __future__ import annotations

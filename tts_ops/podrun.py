@@ -18,10 +18,11 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
+from tts_ops.image import ROOT, podman_flags
+
 # The one place the manifest renderer is imported for the image's tests and benchmark.
-from predictor.deploy.kustomize import render
-from tools.image import ROOT, podman_flags
-from tools.manifests import predictor_container
+from tts_ops.kustomize import render
+from tts_ops.manifests import predictor_container
 
 OVERLAY = "knative/overlays/cpu"
 ISVC = "tts"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from predictor.simulate.errors import SimulateError
+from tts_ops.simulate.errors import SimulateError
 
 # key: (default, unit and where it comes from)
 KEYS: dict[str, tuple[Any, str]] = {
@@ -96,8 +96,8 @@ def duration_s(text: str, where: str) -> float:
 
 def render(directory: Path) -> list[dict]:
     """The manifests as kustomize renders them (kubectl when installed, else our own renderer)."""
-    from predictor.deploy.kustomize import RenderError
-    from predictor.deploy.kustomize import render as render_dir
+    from tts_ops.kustomize import RenderError
+    from tts_ops.kustomize import render as render_dir
 
     try:
         return render_dir(directory.resolve())

@@ -3,7 +3,7 @@
 There is no cluster here, so every claim about knative/ and keda/ (with the shared deploy/) is proven
 three ways:
 
-* Rendering: predictor.deploy.kustomize (`kubectl kustomize` when kubectl is on PATH, else its own
+* Rendering: tts_ops.kustomize (`kubectl kustomize` when kubectl is on PATH, else its own
   renderer for the part of kustomize these manifests use). tests/test_manifests.py checks that the
   two agree wherever kubectl exists.
 * Schemas: CRD kinds against ../shared/schemas made strict (closed root, ObjectMeta checked, nodes
@@ -13,7 +13,7 @@ three ways:
   metadata, the two scale-from-zero traps, probes, MODEL_DIR, event types, drain vs grace period,
   Kafka partitions vs replicas.
 
-Usage: python -m tools.manifests render [--out DIR] | validate
+Usage: python -m tts_ops.manifests render [--out DIR] | validate
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pydantic import TypeAdapter, ValidationError
 
 # The only predictor modules this tool uses (old paths until the issue-10 restructure lands).
 from predictor.config import Settings
-from predictor.deploy.kustomize import Obj, render
+from tts_ops.kustomize import Obj, render
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS = ("knative/overlays/cpu", "knative/overlays/gpu", "keda/overlays/cpu", "keda/overlays/gpu")
@@ -803,7 +803,7 @@ def write_rendered(out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.manifests", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tts_ops.manifests", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     render_cmd = sub.add_parser("render", help="render every overlay to DIR/<flavour>-<overlay>.yaml")
     render_cmd.add_argument("--out", type=Path, default=ROOT / ".cache" / "manifests")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from predictor.simulate.errors import SimulateError
+from tts_ops.simulate.errors import SimulateError
 
 DEFAULT_CHARS = 120  # a two-sentence reply
 

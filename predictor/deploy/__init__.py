@@ -1,1 +1,0 @@
-"""Rendering our own kustomize tree; used by tools and by `tts-predictor simulate`."""

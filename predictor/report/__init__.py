@@ -1,1 +1,0 @@
-"""Reports for people: self-contained HTML pages that compare's verdict and simulate's run share."""

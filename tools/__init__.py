@@ -1,1 +1,0 @@
-"""Developer tools run from a checkout (`python -m tools.<name>`); not installed into images."""
