@@ -6,7 +6,7 @@ CACHE    := .cache
 S3_PORT  ?= 9000
 VOICE_URI ?= s3://voices/en_US-joe-medium
 
-.PHONY: install system-packages run test fuzz bench overload load lint image base-image image-sizes manifests validate clean
+.PHONY: install system-packages run test test-fast fuzz bench overload load lint image base-image image-sizes manifests validate clean
 
 install: $(VENV)/.installed
 
@@ -44,12 +44,17 @@ test: install system-packages lint
 	$(BIN)/python -m coverage combine -q
 	$(BIN)/python -m coverage report
 
+# tests/unit alone: in-process, no child processes or sockets, under a minute on two cores. tests/system
+# (real predictors, moto, Prometheus, nginx, podman, the real voice's weights) runs with `make test`.
+test-fast: install
+	$(BIN)/python -m pytest tests/unit -q
+
 # The generated-input suite at length: schemathesis over our OpenAPI document, hypothesis over binary
 # tensors, CloudEvents and gRPC messages, FUZZ_EXAMPLES per generated test (`make test` runs 15 each).
 # Prints cases and 5xx per route and transport; the same table lands in .cache/fuzz-report.json.
 FUZZ_EXAMPLES ?= 300
 fuzz: install
-	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/test_fuzz.py -q -s
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_RANDOM=1 $(BIN)/python -m pytest tests/system/test_fuzz.py -q -s
 
 # Render every overlay of knative/ and keda/ (with the shared deploy/) to .cache/manifests/<flavour>-<overlay>.yaml.
 manifests: install
@@ -62,7 +67,7 @@ validate: install
 bench: install
 	$(BIN)/python -m bench
 
-# Five minutes at 4x capacity with maximum-size texts mixed in (tests/test_overload.py is the short one).
+# Five minutes at 4x capacity with maximum-size texts mixed in (tests/system/test_overload.py is the short one).
 overload: install
 	$(BIN)/python -m bench overload
 

@@ -10,7 +10,7 @@ Rows, each against a baseline measured in the same run:
     (an allocation past the cap fails in that process).
 
 Made to finish in under 8 minutes on one GPU. `--device cpu --small` is the dry run `make test` runs
-(tests/test_bench_gpu.py): every row is computed on CPU with small sizes, GPU-only rows say n/a.
+(tests/system/test_bench_gpu.py): every row is computed on CPU with small sizes, GPU-only rows say n/a.
 TF32 stays off for fp32 (device.plan turns cuDNN's off), so fp32 parity is about the model, not
 TensorFloat-32 rounding.
 """

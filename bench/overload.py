@@ -1,6 +1,6 @@
 """Overload for five minutes: four times the predictor's capacity, one maximum-size text in eight.
 
-The long version of tests/test_overload.py (same generator, testing/load.py). Capacity is measured
+The long version of tests/system/test_overload.py (same generator, testing/load.py). Capacity is measured
 on the same predictor first, one request at a time; figures are ratios to it: admitted p99 against
 REQUEST_TIMEOUT_S plus one maximum-size synthesis (the queue's bound), resident-memory drift after
 the first minute against the resident size when the load started.

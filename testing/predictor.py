@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -109,3 +110,18 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def not_json_lines(log: str) -> list[str]:
+    """The non-empty lines of a JSON-mode predictor's output (stderr and stdout) that are not JSON objects."""
+    bad = []
+    for line in log.splitlines():
+        if not line.strip():
+            continue
+        try:
+            if isinstance(json.loads(line), dict):
+                continue
+        except ValueError:
+            pass
+        bad.append(line)
+    return bad

@@ -6,20 +6,14 @@ credentials must appear in none, and every line a predictor wrote in JSON mode m
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-import yaml
 
 from testing.audio import ReferenceVoice
-from testing.ports import free_port
-from testing.predictor import PredictorProcess
-from testing.process import Child
+from testing.predictor import PredictorProcess, not_json_lines
+from testing.prometheus import PrometheusProcess
 from testing.s3 import (
     AWS_OVERRIDES,
     QUIET_VOICE_URI,
@@ -52,21 +46,6 @@ def _scan_logs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         and SECRET.encode() in path.read_bytes()
     ]
     assert not leaks, f"the test secret key (testing/s3.py SECRET) was written to {leaks}"
-
-
-def not_json_lines(log: str) -> list[str]:
-    """The non-empty lines of a JSON-mode predictor's output (stderr and stdout) that are not JSON objects."""
-    bad = []
-    for line in log.splitlines():
-        if not line.strip():
-            continue
-        try:
-            if isinstance(json.loads(line), dict):
-                continue
-        except ValueError:
-            pass
-        bad.append(line)
-    return bad
 
 
 def _apply_aws_env(mp: pytest.MonkeyPatch, endpoint: str) -> None:
@@ -197,59 +176,7 @@ def quiet_predictor(
     return start_predictor(STORAGE_URI=uri)
 
 
-# --- Prometheus (the Debian package) as a real process ------------------------------------------
-
-
-class PrometheusProcess(Child):
-    """Debian's prometheus on a free port, scraping `targets` and evaluating `rule_files` every second."""
-
-    def __init__(self, workdir: Path, targets: list[tuple[str, dict[str, str]]], rule_files: list[Path]):
-        binary = shutil.which("prometheus")
-        if binary is None:
-            raise RuntimeError(
-                "prometheus is not installed: run `make system-packages` (apt-get install prometheus)"
-            )
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = {
-            # One second, not the production 10 s, so a test sees rates within seconds.
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(p) for p in rule_files],
-            # The job name a PodMonitor tts/tts-predictor gives its targets.
-            "scrape_configs": [
-                {
-                    "job_name": "tts/tts-predictor",
-                    "static_configs": [{"targets": [t], "labels": labels} for t, labels in targets],
-                }
-            ],
-        }
-        config_path = workdir / "prometheus.yml"
-        config_path.write_text(yaml.safe_dump(config))
-        argv = [
-            binary,
-            f"--config.file={config_path}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
-        ]
-        super().__init__("prometheus", argv, dict(os.environ), workdir / "prometheus.log")
-        self.wait_for(lambda: httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200, 60, "ready")
-
-    def query(self, expr: str) -> list[dict]:
-        """Instant query through the HTTP API; the result vector (raises on a query error)."""
-        body = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10).json()
-        if body["status"] != "success":
-            raise AssertionError(f"{expr}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]["result"]
-
-    def value(self, expr: str) -> float | None:
-        result = self.query(expr)
-        return float(result[0]["value"][1]) if result else None
-
-    def rules(self) -> list[dict]:
-        groups = httpx.get(f"{self.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
-        return [rule for group in groups for rule in group["rules"]]
-
-
+# --- Prometheus (the Debian package) as a real process (testing/prometheus.py) ----------------
 @pytest.fixture
 def prometheus(tmp_path: Path):
     """Factory: start a Prometheus scraping the given (host:port, labels) targets; stopped after the test."""

@@ -12,7 +12,7 @@ integer (NaN becomes 0), so full scale maps to +/-32767 and values past it satur
 wrapping. Every format is fed these 16-bit samples, so the lossless ones (wav, pcm, flac) decode to
 exactly ``to_pcm16(audio)``.
 
-Per-format decisions, each checked by tests/test_audio.py:
+Per-format decisions, each checked by tests/unit/test_audio.py:
 
 * wav: whole files are 16-bit PCM from libsndfile. A stream cannot know its length up front, so its
   header carries 0xFFFFFFFF in the RIFF and data size fields ("unknown length", what streaming WAV

@@ -1,7 +1,8 @@
 """Runs KServe's own v2 clients (REST and gRPC) against a predictor; prints what they got as JSON.
 
-Used by test_protocol.py in a subprocess: KServe's gRPC stubs and Triton's cannot share a process.
-Usage: python kserve_clients.py HTTP_URL GRPC_TARGET TEXT
+Used by tests/system/test_protocol.py in a subprocess: KServe's gRPC stubs and Triton's cannot share
+a process, so no test imports this module.
+Usage: python testing/kserve_clients.py HTTP_URL GRPC_TARGET TEXT
 """
 
 import asyncio

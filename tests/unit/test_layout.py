@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNTIME, OPS = "predictor", "tts_ops"
 
 # Lowest first. A family may import any family on a lower floor of its own package, never one above.

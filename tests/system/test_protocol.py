@@ -143,7 +143,7 @@ def grpc_typed_infer(target: str, text: str, params: dict[str, str]) -> tuple[np
 
 def test_kserve_rest_and_grpc_clients(predictor):
     # KServe's gRPC client cannot share a process with Triton's (see grpc_typed_infer), so it runs apart.
-    script = Path(__file__).with_name("kserve_clients.py")
+    script = Path(__file__).resolve().parents[2] / "testing" / "kserve_clients.py"
 
     run = subprocess.run(
         [sys.executable, str(script), predictor.url, predictor.grpc, SENTENCE],

@@ -16,7 +16,7 @@ from testing.predictor import run_cli as cli
 from testing.predictor import run_synth
 from testing.s3 import aws_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_publish_then_fetch_round_trip(s3_server, tmp_path):
