@@ -56,14 +56,24 @@ class Executor:
         self.last_active_s: float | None = None
 
     def decide(self, now_s: float, active: bool, replicas: int) -> int | None:
-        """The replica count KEDA sets itself now, or None to leave it to the HPA."""
+        """The replica count KEDA sets itself now, or None to leave it to the HPA.
+
+        RequestScale's cases: active at zero scales to max(minReplicaCount, 1); inactive with
+        minReplicaCount 0 scales to zero once cooldownPeriod has passed since the last active poll
+        (never before initialCooldownPeriod from creation, at 0 s here); inactive below a
+        minReplicaCount above 0 raises to it. A minReplicaCount above 0 leaves every scale-down to
+        the HPA, whose minReplicas is that count."""
         if active:
             self.last_active_s = now_s
             if replicas == 0:
                 return max(self.min_replicas, 1)
             return None
-        if replicas > self.min_replicas and now_s >= self.initial_cooldown_s:
-            since = now_s - (self.last_active_s if self.last_active_s is not None else -1e18)
-            if since >= self.cooldown_s:
-                return self.min_replicas
+        if self.min_replicas == 0:
+            if replicas > 0 and now_s >= self.initial_cooldown_s:
+                since = now_s - (self.last_active_s if self.last_active_s is not None else -1e18)
+                if since >= self.cooldown_s:
+                    return 0
+            return None
+        if replicas < self.min_replicas:
+            return self.min_replicas
         return None

@@ -1,0 +1,112 @@
+"""Rules of our autoscaler models that upstream's ported tables leave unproven: the HPA's tolerance
+band (every upstream tolerance case gives the same count with or without it) and KEDA's executor
+(activation from zero, cooldown, initial cooldown, minReplicaCount above zero).
+
+Each tolerance case is checked twice: inside the band the count stays, and the same inputs with no
+tolerance change it, so the case fails if the model loses its tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tts_ops.simulate import hpa, keda
+
+# (name, usage, target per pod, current, want with the default 0.1 tolerance, want with none)
+PER_POD = [
+    ("5 % over the target stays", 10_500, 1000, 10, 10, 11),
+    ("5 % under the target stays", 19_000, 1000, 20, 20, 19),
+    ("11 % over scales up", 11_100, 1000, 10, 12, 12),
+    ("11 % under scales down", 17_800, 1000, 20, 18, 18),
+]
+
+
+@pytest.mark.parametrize(("name", "usage", "target", "current", "want", "untolerated"), PER_POD)
+def test_average_value_metric_inside_the_tolerance_keeps_the_count(
+    name, usage, target, current, want, untolerated
+):
+    assert hpa.per_pod_replicas(usage, target, current, hpa.DEFAULT_TOLERANCE) == want
+    assert hpa.per_pod_replicas(usage, target, current, 0.0) == untolerated
+
+
+# (name, usage, target, ready, current, want with 0.1, want with none)
+VALUE = [
+    ("8 % over the target stays", 1080, 1000, 10, 10, 10, 11),
+    ("8 % under the target stays", 920, 1000, 20, 20, 20, 19),
+    ("12 % over scales the ready pods", 1120, 1000, 10, 10, 12, 12),
+]
+
+
+@pytest.mark.parametrize(("name", "usage", "target", "ready", "current", "want", "untolerated"), VALUE)
+def test_value_metric_inside_the_tolerance_keeps_the_count(
+    name, usage, target, ready, current, want, untolerated
+):
+    assert hpa.value_replicas(usage, target, ready, current, hpa.DEFAULT_TOLERANCE) == want
+    assert hpa.value_replicas(usage, target, ready, current, 0.0) == untolerated
+
+
+def test_the_tolerance_is_a_setting_a_wider_band_holds_more():
+    assert hpa.per_pod_replicas(11_500, 1000, 10, 0.2) == 10
+    assert hpa.per_pod_replicas(11_500, 1000, 10, 0.1) == 12
+
+
+# --- KEDA's executor ---------------------------------------------------------------------------
+def test_an_active_trigger_at_zero_scales_to_one_or_to_min_replicas():
+    assert keda.Executor(300, 0, min_replicas=0).decide(10, True, 0) == 1
+    assert keda.Executor(300, 0, min_replicas=3).decide(10, True, 0) == 3
+
+
+def test_an_active_trigger_above_zero_leaves_the_count_to_the_hpa():
+    executor = keda.Executor(300, 0, min_replicas=0)
+
+    assert executor.decide(10, True, 4) is None
+    assert executor.last_active_s == 10
+
+
+def test_scale_to_zero_waits_for_the_cooldown_after_the_last_active_poll():
+    executor = keda.Executor(cooldown_s=300, initial_cooldown_s=0, min_replicas=0)
+    executor.decide(100, True, 2)  # the last active poll
+
+    assert executor.decide(130, False, 2) is None
+    assert executor.decide(399, False, 2) is None
+    assert executor.decide(401, False, 2) == 0
+
+
+def test_an_active_poll_during_the_cooldown_restarts_it():
+    executor = keda.Executor(cooldown_s=300, initial_cooldown_s=0, min_replicas=0)
+    executor.decide(100, True, 1)
+    executor.decide(350, True, 1)
+
+    assert executor.decide(450, False, 1) is None
+    assert executor.decide(651, False, 1) == 0
+
+
+def test_nothing_active_since_creation_waits_for_the_initial_cooldown_only():
+    # No last active time: the cooldown does not apply (KEDA scales such a target down at once),
+    # but initialCooldownPeriod, counted from creation at 0 s, does.
+    executor = keda.Executor(cooldown_s=300, initial_cooldown_s=120, min_replicas=0)
+
+    assert executor.decide(60, False, 1) is None
+    assert executor.decide(119, False, 1) is None
+    assert executor.decide(120, False, 1) == 0
+
+
+def test_the_initial_cooldown_also_holds_after_an_early_active_poll():
+    executor = keda.Executor(cooldown_s=30, initial_cooldown_s=600, min_replicas=0)
+    executor.decide(10, True, 1)
+
+    assert executor.decide(100, False, 1) is None  # the 30 s cooldown has passed, the 600 s has not
+    assert executor.decide(600, False, 1) == 0
+
+
+def test_inactive_at_zero_stays_at_zero():
+    assert keda.Executor(300, 0, min_replicas=0).decide(1000, False, 0) is None
+
+
+def test_min_replicas_above_zero_leaves_scale_down_to_the_hpa_and_refills_below_it():
+    executor = keda.Executor(cooldown_s=300, initial_cooldown_s=0, min_replicas=2)
+    executor.decide(0, True, 5)
+
+    assert executor.decide(10_000, False, 5) is None  # long past the cooldown: the HPA scales down
+    assert executor.decide(10_000, False, 2) is None
+    assert executor.decide(10_000, False, 1) == 2
