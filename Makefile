@@ -6,7 +6,7 @@ CACHE    := .cache
 S3_PORT  ?= 9000
 VOICE_URI ?= s3://voices/en_US-joe-medium
 
-.PHONY: install system-packages run test test-fast fuzz bench overload load lint image base-image image-sizes manifests validate clean
+.PHONY: install system-packages run test test-fast fuzz mos-reference bench overload load lint image base-image image-sizes manifests validate clean
 
 install: $(VENV)/.installed
 
@@ -63,6 +63,11 @@ manifests: install
 # Validate every rendered object strictly (schemas, lints, cross-checks); no cluster needed.
 validate: install
 	$(BIN)/python -m tts_ops.manifests validate
+
+# The DNSMOS reference scores tests/unit/test_quality.py expects, made by speechmos itself in a
+# virtualenv apart (.cache/dnsmos-venv, with librosa): rewrites testing/dnsmos_reference.json.
+mos-reference: install
+	$(BIN)/python -m testing.mos_reference
 
 bench: install
 	$(BIN)/python -m bench

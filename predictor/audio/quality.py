@@ -17,7 +17,8 @@ that file line by line:
   per segment: 900 frames x 120 bands; averaged over segments.
 
 We score the first segment only by default (DEFAULT_MAX_SEGMENTS, for cost); `max_segments=None`
-scores all of them and then equals speechmos's `dnsmos.run` (tests/unit/test_quality.py holds its values).
+scores all of them and then equals speechmos's `dnsmos.run` (tests/unit/test_quality.py checks it
+against testing/dnsmos_reference.json, which `make mos-reference` makes with speechmos itself).
 
 Our voices speak at 22.05 kHz: the clip goes through the project's band-limited resampler first.
 Bad input -- a non-finite sample, a clip under MIN_SECONDS, near-silence -- gives no score (None)

@@ -15,33 +15,17 @@ import pytest
 from predictor.audio import quality
 from predictor.observability import metrics
 from predictor.shadow import recorder as recording
+from testing import mos_reference
 from testing.records import shadow_record, voiced, write_jsonl
 from tts_ops import cli as ops_cli
 
 SR16 = quality.SAMPLE_RATE
+speechlike = mos_reference.speechlike
 
 
-def speechlike(seconds: float, seed: int) -> np.ndarray:
-    """A fixed 16 kHz clip (harmonic glide, syllable envelope, a little noise): numpy's PCG64 stream
-    is stable across versions, so the reference scores below stay valid."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * SR16)) / SR16
-    f0 = 110 + 40 * rng.random() + 20 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / SR16
-    tone = sum(np.sin(k * phase) / k for k in range(1, 20))
-    envelope = np.sin(2 * np.pi * (2 + rng.random()) * t) ** 2
-    noise = 0.01 * rng.standard_normal(len(t))
-    return (0.15 * tone * envelope + noise).astype(np.float32)
-
-
-# speechmos 0.0.1.1 `dnsmos.run(clip, 16000)` (with librosa 0.9.1, its stated prerequisite, in a
-# separate virtualenv) on the clips above: p808, sig, bak, ovrl. The 9.01 s row is the 12.5 s clip's
-# first segment alone, which is what our estimator scores by default.
-REFERENCE = {
-    (3.0, 1, None): (2.3714640140533447, 3.1654891812790935, 3.0153114421448133, 2.2991685842385405),
-    (12.5, 2, None): (2.406402587890625, 3.0844425224299727, 1.92895753787945, 1.7612021922631935),
-    (12.5, 2, 1): (2.3899495601654053, 3.0431463337129547, 1.89599630434233, 1.7191712983466596),
-}
+# speechmos's own `dnsmos.run(clip, 16000)` on testing/mos_reference.py's clips (p808, sig, bak, ovrl),
+# as `make mos-reference` last recorded them in testing/dnsmos_reference.json.
+REFERENCE = mos_reference.scores()
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +40,32 @@ def test_scores_equal_speechmos_on_the_same_clip(seconds, seed, max_segments):
     assert mos is not None
     got = (mos.p808, mos.sig, mos.bak, mos.ovrl)
     np.testing.assert_allclose(got, REFERENCE[(seconds, seed, max_segments)], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "recorded", mos_reference.load()["clips"], ids=lambda c: f"{c['seconds']}s-{c['max_segments']}"
+)
+def test_each_reference_was_scored_on_the_clip_this_suite_builds(recorded):
+    # A changed generator would leave the scores typed for another clip; length and level tell.
+    clip = mos_reference.scored_clip(recorded["seconds"], recorded["seed"], recorded["max_segments"])
+
+    now = mos_reference.describe(clip)
+
+    assert now["samples"] == recorded["samples"]
+    assert now["rms"] == pytest.approx(recorded["rms"], rel=1e-6)
+    assert now["mean_abs"] == pytest.approx(recorded["mean_abs"], rel=1e-6)
+
+
+def test_the_references_come_from_the_speechmos_whose_models_we_load():
+    from importlib.metadata import version
+
+    record = mos_reference.load()
+
+    recorded = [(c["seconds"], c["seed"], c["max_segments"]) for c in record["clips"]]
+    assert recorded == mos_reference.CLIPS, "the script's clips changed since its last run"
+    assert record["versions"]["speechmos"] == version("speechmos")
+    # quality.py's mel filters follow librosa 0.9.1, the version speechmos names.
+    assert record["versions"]["librosa"] == "0.9.1"
 
 
 def test_long_clip_costs_one_segment_by_default_and_every_second_with_all(estimator):
