@@ -37,24 +37,48 @@ LONG_TEXT = " ".join(
 )
 
 
-def _podman_problem() -> str | None:
+def _podman_problem() -> tuple[str, str] | None:
+    """None when podman runs; else ("skip", why) where it is not installed, ("fail", why) where it is
+    installed and cannot run: a machine that has podman is meant to run these tests, so a broken
+    podman (no user namespaces, a bad storage config) must fail the suite, not vanish as a skip."""
     if not shutil.which("podman"):
-        return "podman is not installed (`make system-packages` installs it with apt-get)"
+        return "skip", "podman is not installed (`make system-packages` installs it with apt-get)"
     run = subprocess.run(["podman", "info"], capture_output=True, text=True)
     if run.returncode != 0:
-        return f"podman does not run here: {run.stderr.strip()[-300:]}"
+        return "fail", f"podman is installed but does not run here: {run.stderr.strip()[-300:]}"
     return None
 
 
 @pytest.fixture(scope="module")
 def built_image() -> str:
     problem = _podman_problem()
-    if problem:
-        pytest.skip(problem)
+    if problem is not None:
+        outcome, why = problem
+        if outcome == "skip":
+            pytest.skip(why)
+        pytest.fail(why, pytrace=False)
     started = time.monotonic()
     image_build.build(TAG, [])
     print(f"image {TAG} built in {time.monotonic() - started:.0f} s")
     return TAG
+
+
+def test_a_podman_that_is_installed_but_cannot_run_fails_the_image_tests(tmp_path, monkeypatch):
+    fake = tmp_path / "podman"
+    fake.write_text("#!/bin/sh\necho 'cannot clone: Operation not permitted' >&2\nexit 125\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+
+    outcome, why = _podman_problem()
+
+    assert outcome == "fail"
+    assert "cannot clone: Operation not permitted" in why
+
+
+def test_no_podman_at_all_skips_the_image_tests(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+
+    assert _podman_problem()[0] == "skip"
 
 
 @pytest.fixture(scope="module")
