@@ -36,13 +36,13 @@ system-packages:
 	fi
 
 # Lint first: a formatting or type error fails in seconds, before the 15-minute suite starts.
-# Line coverage per module of predictor/ (predictor subprocesses included), failing below the floor in
-# pyproject.toml [tool.coverage.report] fail_under.
+# Line coverage per module of predictor/ and tts_ops/ (predictor subprocesses included), failing below
+# the floor in pyproject.toml [tool.coverage.report] fail_under; the last line prints the total and the floor.
 test: install system-packages lint
 	rm -rf .cache/coverage && mkdir -p .cache/coverage
 	$(BIN)/python -m coverage run -m pytest -q
 	$(BIN)/python -m coverage combine -q
-	$(BIN)/python -m coverage report
+	$(BIN)/python -m coverage report; status=$$?; $(BIN)/python -m testing.coverage_floor; exit $$status
 
 # tests/unit alone: in-process, no child processes or sockets, under a minute on two cores. tests/system
 # (real predictors, moto, Prometheus, nginx, podman, the real voice's weights) runs with `make test`.
