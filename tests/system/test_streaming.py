@@ -11,6 +11,7 @@ import itertools
 import json
 import queue
 import threading
+import time
 from functools import partial
 
 import httpx
@@ -198,21 +199,35 @@ def test_auto_engine_is_named_in_metadata_and_startup_log(streaming_predictor):
     assert "onnx (ENGINE=auto" in streaming_predictor.logs()
 
 
-def test_raw_speech_stream_sends_several_chunks_for_one_long_sentence(streaming_predictor):
-    chunks = []
+def test_raw_speech_stream_delivers_its_first_chunk_before_the_last_window_is_decoded(streaming_predictor):
+    # A chunk count alone cannot tell a stream from a whole body sent in pieces; arrival times can.
+    # The engine starts on this request after it was sent and reports its own time for all windows
+    # (tts_synthesis_seconds); a first chunk earlier than that cannot have waited for the last window.
+    engine_before = streaming_predictor.metric("tts_synthesis_seconds_sum")
+    count_before = streaming_predictor.metric("tts_synthesis_seconds_count")
+    arrivals: list[float] = []
+    chunks: list[bytes] = []
+    sent = time.monotonic()
     with httpx.stream(
         "POST",
         streaming_predictor.url + "/v1/audio/speech",
         timeout=120,
         json={"model": "tts", "input": LONG_SENTENCE, "response_format": "pcm", "stream": True},
     ) as response:
-        chunks = [chunk for chunk in response.iter_raw() if chunk]
+        for chunk in response.iter_raw():
+            if chunk:
+                arrivals.append(time.monotonic() - sent)
+                chunks.append(chunk)
+    assert streaming_predictor.metric("tts_synthesis_seconds_count") == count_before + 1
+    engine_s = streaming_predictor.metric("tts_synthesis_seconds_sum") - engine_before
     whole = streaming_predictor.post(
         "/v1/audio/speech", json={"model": "tts", "input": LONG_SENTENCE, "response_format": "pcm"}
     )
 
     assert response.status_code == 200
     assert len(chunks) > 1
+    assert arrivals[0] < engine_s, f"first chunk after {arrivals[0]:.3f} s, all windows took {engine_s:.3f} s"
+    assert arrivals[-1] - arrivals[0] > 0.2 * engine_s, f"chunks arrived at {arrivals}"
     # Same number of samples as the whole response (noise differs between two syntheses, length too:
     # durations are drawn, so compare only that both are a long sentence's worth).
     assert len(b"".join(chunks)) // 2 > 22050 * 4 and len(whole.content) // 2 > 22050 * 4
