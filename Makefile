@@ -87,7 +87,7 @@ load: install
 	PYTHONPATH=$(CURDIR) $(BIN)/locust -f bench/locustfile.py --headless -u $(USERS) -r $(USERS) -t $(DURATION) \
 	  --host $(HOST) --csv bench/results/load --only-summary
 
-# ruff (format + lint rules in pyproject.toml), mypy (predictor/, disallow_untyped_defs), hadolint.
+# ruff (format + lint rules in pyproject.toml), mypy (predictor/ and tts_ops/, disallow_untyped_defs), hadolint.
 lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
