@@ -15,7 +15,7 @@ the expected length and follow the expected waveform:
 
 Every check also needs correlation >= ``MIN_CORRELATION``, so a bound on error alone cannot be met by
 near-silence. White noise of the same length and level fails every check, and so does another
-sentence (tests/unit/test_audio_check.py).
+sentence (tests/system/test_audio_check.py).
 
 Where the audio carries the voice's noise (the playground streams with it), `speech_problems` checks
 it is speech of the expected length by measures that silence and white noise fail.
