@@ -47,7 +47,7 @@ RESULTS = REPO / "bench" / "results" / "gpu.json"
 
 
 def _engine(model_dir: Path, device: str, dtype: str = "fp32") -> Any:
-    from predictor.engine.torch import TorchEngine
+    from predictor.engine.native import TorchEngine
 
     engine = TorchEngine(device=device, dtype=dtype, threads=2, gpu_memory_fraction=0.0, compile=False)
     engine.load(model_dir)
@@ -119,7 +119,7 @@ def _parity(
 
 
 def _throughput(res: SuiteResult, engine: Any, device: str, batches: list[int], rounds: int) -> None:
-    from predictor.engine import torch as torch_engine
+    from predictor.engine import native as torch_engine
     from predictor.engine.base import SynthesisParams
 
     params = SynthesisParams(noise_scale=0.667, noise_w=0.8)
