@@ -18,8 +18,8 @@ import torch
 from predictor.engine import device as devices
 from predictor.engine import phonemes, windows
 from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
-from predictor.engine.convert import load_vits
 from predictor.engine.vits import Vits
+from predictor.engine.voice_files import load_vits
 from predictor.errors import EngineError
 
 log = logging.getLogger("predictor.engine.native")
