@@ -34,6 +34,19 @@ OPENAI_VOICES = (
 )
 
 
+# Texts per engine call (the batcher, MAX_BATCH_SIZE auto) and sentences per forward pass (the torch
+# engine) on a GPU. On CPU a padded batch lost throughput in every measurement (`python -m bench
+# engines`: batches of 4 and 8 sentences gave 0.5x the audio per second of running them one by one;
+# oneDNN's convolutions are already parallel over time), so the CPU runs one at a time. On a GPU a
+# batch fills the card; the cap bounds activation memory (batch x frames x 256).
+CUDA_BATCH_SIZE = 16
+
+
+def device_batch_size(device: str) -> int:
+    """The batch that measured best on DEVICE: CUDA_BATCH_SIZE on a GPU, 1 on CPU."""
+    return CUDA_BATCH_SIZE if device.startswith("cuda") else 1
+
+
 class ConfigError(Exception):
     """A setting is invalid; the message names the environment variable."""
 
@@ -372,6 +385,11 @@ class Settings(BaseSettings):
         if self.device.startswith("cuda") or self.dtype != "fp32" or self.compile:
             return "torch"
         return "onnx"
+
+    @property
+    def batch_size(self) -> int:
+        """MAX_BATCH_SIZE with 0 resolved to the device's (device_batch_size)."""
+        return self.max_batch_size or device_batch_size(self.device)
 
     @property
     def revision_name(self) -> str:

@@ -80,13 +80,11 @@ class TTSService:
 
     def mark_ready(self, engine: Engine) -> None:
         settings = self.settings
-        # Measured: on CPU a batch loses throughput (bench `engines`); on a GPU it fills the card.
-        auto = 16 if settings.device.startswith("cuda") else 1
         sizes = StreamWindows(settings.stream_first_window_frames, settings.stream_window_frames)
         self._batcher = Batcher(
             engine.synthesize,
             run_stream=lambda text, params: engine.stream(text, params, sizes),
-            max_batch_size=settings.max_batch_size or auto,
+            max_batch_size=settings.batch_size,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,
             timeout_s=settings.request_timeout_s,
