@@ -16,6 +16,7 @@ from kserve.protocol.infer_type import InferInput, InferRequest, RequestedOutput
 from kserve.protocol.rest.v2_datamodels import InferenceRequest
 from pydantic import ValidationError
 
+from predictor.api.handlers import validation_problems
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest, NotFound, NotReady
@@ -131,8 +132,7 @@ def parse_inference_request(raw: bytes) -> InferenceRequest:
     try:
         return InferenceRequest.model_validate_json(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-        raise BadRequest(f"invalid v2 inference request: {problems}") from None
+        raise BadRequest(f"invalid v2 inference request: {validation_problems(exc.errors())}") from None
 
 
 # --- audio -----------------------------------------------------------------------------------
