@@ -48,8 +48,9 @@ from predictor.api.handlers import (
     predictor_error_response,
     validation_error_response,
 )
+from predictor.api.kserve_model import TTSModel
 from predictor.api.stream_infer import StreamInferHandler
-from predictor.api.v2 import TTSModel, require_version
+from predictor.api.v2 import require_version
 from predictor.config import ConfigError, Settings
 from predictor.errors import PredictorError
 from predictor.events.outputs import OutputStore

@@ -29,7 +29,7 @@ import numpy as np
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.infer_type import InferRequest
 
-from predictor.api.v2 import add_grpc_outputs, decode_v2
+from predictor.api.v2_codec import add_grpc_outputs, decode_v2
 from predictor.errors import BadRequest, PredictorError
 from predictor.serving.service import TTSService
 
