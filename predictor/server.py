@@ -42,6 +42,7 @@ from opentelemetry import trace
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from predictor.api import openapi, pages, speech, v1, v2
+from predictor.api.checks import require_version
 from predictor.api.handlers import (
     http_exception_response,
     not_ready_response,
@@ -50,7 +51,6 @@ from predictor.api.handlers import (
 )
 from predictor.api.kserve_model import TTSModel
 from predictor.api.stream_infer import StreamInferHandler
-from predictor.api.v2 import require_version
 from predictor.config import ConfigError, Settings
 from predictor.errors import PredictorError
 from predictor.events.outputs import OutputStore

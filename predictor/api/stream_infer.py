@@ -29,6 +29,7 @@ import numpy as np
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.infer_type import InferRequest
 
+from predictor.api.checks import require_model
 from predictor.api.v2_codec import add_grpc_outputs, decode_v2
 from predictor.errors import BadRequest, PredictorError
 from predictor.serving.service import TTSService
@@ -105,8 +106,7 @@ class StreamInferHandler(grpc.GenericRpcHandler):
                 yield StreamResponse(error_message=exc.message)
 
     async def _answer(self, request: pb.ModelInferRequest) -> AsyncIterator[StreamResponse]:
-        if request.model_name != self._model_name:
-            raise BadRequest(f"unknown model {request.model_name!r}; this server serves {self._model_name!r}")
+        require_model(request.model_name, self._model_name)
         empty_final = False
         if EMPTY_FINAL in request.parameters:
             empty_final = request.parameters[EMPTY_FINAL].bool_param

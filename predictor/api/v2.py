@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferRequest
 
+from predictor.api.checks import require_model, require_version
 from predictor.api.v2_codec import (
     BINARY_HEADER,
     INPUT_METADATA,
@@ -21,23 +22,8 @@ from predictor.api.v2_codec import (
     parse_inference_request,
 )
 from predictor.config import Settings
-from predictor.errors import BadRequest, NotFound
+from predictor.errors import BadRequest
 from predictor.serving.service import TTSService
-
-
-def require_model(model_name: str, name: str) -> None:
-    if model_name != name:
-        raise NotFound(f"model {model_name!r} is not served here; this server serves {name!r}")
-
-
-def require_version(version: str | None, served: str) -> None:
-    """A request naming a model version: the served one answers as unversioned, any other is 404.
-
-    One version per process (a revision serves one artifact); KServe's own versioned routes answer 501.
-    Empty means unversioned, as in the gRPC messages, whose version fields default to "".
-    """
-    if version and version != served:
-        raise NotFound(f"model version {version!r} is not served here; this server serves version {served!r}")
 
 
 def router(service: TTSService, settings: Settings) -> APIRouter:

@@ -76,7 +76,7 @@ class OnnxEngine(PiperEngine):
         self._hop = config.hop_length
 
     def _speaker_id(self, voice: str | None) -> int | None:
-        self.check_voice(voice)
+        # The voice was checked by synthesize / stream, or by the service for the whole request.
         if self.voice.num_speakers <= 1:
             return None
         return self.voice.speakers.get(voice, 0) if voice else 0
@@ -92,7 +92,7 @@ class OnnxEngine(PiperEngine):
             dtype=np.float32,
         )
 
-    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+    def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         voice = self.voice
         speaker = self._speaker_id(params.voice)
         scales = self._scales(params)
@@ -105,7 +105,7 @@ class OnnxEngine(PiperEngine):
             out.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32))
         return out
 
-    def stream(
+    def stream_checked(
         self, text: str, params: SynthesisParams, sizes: StreamWindows
     ) -> Iterator[tuple[np.ndarray, bool]]:
         voice = self.voice

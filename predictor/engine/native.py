@@ -69,9 +69,8 @@ class TorchEngine(PiperEngine):
             # (under ~1.2 s) gets a graph of its own, built here rather than on a user's request.
             self.synthesize(["Hi."], quiet)
 
-    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+    def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         voice = self.voice
-        self.check_voice(params.voice)
         # (text index, phoneme ids) for every sentence, in reading order.
         sentences = [
             (i, ids)
@@ -94,7 +93,7 @@ class TorchEngine(PiperEngine):
             out[i].append(sentence_audio)
         return [np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32) for parts in out]
 
-    def stream(
+    def stream_checked(
         self, text: str, params: SynthesisParams, sizes: StreamWindows
     ) -> Iterator[tuple[np.ndarray, bool]]:
         """Per sentence: text encoder, durations and flow at once, then the decoder window by window.
@@ -103,7 +102,6 @@ class TorchEngine(PiperEngine):
         the same audio as the seeded whole."""
         assert self._model is not None
         voice, device, model = self.voice, self.plan.device, self._model
-        self.check_voice(params.voice)
         sentences = list(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map))
         hop = model.config.hop_length
         if not sentences:

@@ -55,6 +55,10 @@ class Admission:
     request_id: str
     route: str
     started: float = field(default_factory=time.monotonic)
+    # What the request has already passed, so each check runs once per request however many engine
+    # calls it makes (a speech request makes one per segment).
+    ready_checked: bool = False
+    params_checked: SynthesisParams | None = None
 
 
 # The admission of the request this task serves; copied into the tasks it starts (a stream's body,
@@ -82,8 +86,8 @@ class TTSService:
         settings = self.settings
         sizes = StreamWindows(settings.stream_first_window_frames, settings.stream_window_frames)
         self._batcher = Batcher(
-            engine.synthesize,
-            run_stream=lambda text, params: engine.stream(text, params, sizes),
+            engine.synthesize_checked,
+            run_stream=lambda text, params: engine.stream_checked(text, params, sizes),
             max_batch_size=settings.batch_size,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,
@@ -158,17 +162,26 @@ class TTSService:
     def voices(self) -> list[str]:
         return self.engine.voices if self.engine else []
 
-    def require_ready(self) -> None:
+    def _admission(self) -> Admission | None:
+        """The admission of the request this task serves, if this service admitted it."""
         admission = _ADMISSION.get()
-        if self._ready and admission is not None and admission.service is self:
-            return  # admitted before the drain began: served to its end
-        if not self.ready:
+        return admission if admission is not None and admission.service is self else None
+
+    def require_ready(self) -> None:
+        """The readiness check, once per admitted request (a direct caller is checked on every call)."""
+        admission = self._admission()
+        if admission is not None and admission.ready_checked:
+            return
+        # Admitted before the drain began: served to its end.
+        if not (self._ready and admission is not None) and not self.ready:
             raise NotReady(
                 "model is draining" if self._draining else "model is not ready (cold start in progress)"
             )
+        if admission is not None:
+            admission.ready_checked = True
 
     def check(self, texts: Sequence[str], params: SynthesisParams) -> None:
-        """Reject bad input before it takes a place in the queue."""
+        """Reject bad input before it takes a place in the queue: readiness, the texts, the parameters."""
         self.require_ready()
         if not texts:
             raise BadRequest("no text given: send at least one item")
@@ -187,16 +200,27 @@ class TTSService:
                 )
             if not text_prep.has_pronounceable(text):
                 raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
-        self.check_params(params)
+        self._check_params(params)
 
     def check_params(self, params: SynthesisParams) -> None:
+        """Readiness and the parameters (seed, voice), for a route that checks them before any text (the
+        speech route, before its first byte); the request's engine calls then skip both."""
         self.require_ready()
+        self._check_params(params)
+
+    def _check_params(self, params: SynthesisParams) -> None:
+        admission = self._admission()
+        if admission is not None and admission.params_checked == params:
+            return
         assert self.engine is not None
         if params.seed is not None and not self.engine.supports_seed:
             raise BadRequest(
                 f"parameter seed needs ENGINE=torch; ENGINE={self.engine.name} cannot seed its noise"
             )
+        # The voice's one check: the engine's own calls skip it (Engine.synthesize_checked).
         self.engine.check_voice(params.voice)
+        if admission is not None:
+            admission.params_checked = params
 
     def _with_defaults(self, params: SynthesisParams) -> SynthesisParams:
         if params.length_scale is None and self.settings.default_length_scale:
