@@ -6,10 +6,11 @@ queue (batcher.py): engine calls are serialized (a GPU runs one graph at a time 
 loop never blocks on synthesis, so liveness answers during a long request, and overload is refused
 at once rather than queued without bound.
 
-The drain counts requests, not engine calls: the REST middleware and the gRPC interceptor admit each
-synthesis request (`TTSService.admit`) for its whole life — every segment of a stream, an event's
-upload and completion record — and a request admitted before SIGTERM is served to its end, while one
-arriving after is refused. Counting engine calls cut streams off between two segments.
+The drain counts requests, not engine calls: the REST middleware, the gRPC interceptor and Triton's
+stream handler (per streamed request) admit each synthesis request (`TTSService.admit`) for its whole
+life — every segment of a stream, an event's upload and completion record — and a request admitted
+before SIGTERM is served to its end, while one arriving after is refused. Counting engine calls cut
+streams off between two segments.
 """
 
 from __future__ import annotations
@@ -241,41 +242,28 @@ class TTSService:
         sample_rate = self.engine.sample_rate
         pieces: asyncio.Queue[tuple[np.ndarray, bool] | None] = asyncio.Queue()
         spoken: list[np.ndarray] = []
-        self._in_flight += 1
-        metrics.IN_FLIGHT.inc()
-        future = None
-        try:
+        async with self._engine_call():
             future = self._batcher.submit(
                 [text], params, on_piece=lambda a, last: pieces.put_nowait((a, last))
             )
-            # Resolves after every piece was queued (same loop, FIFO): None marks the end.
-            future.add_done_callback(lambda _: pieces.put_nowait(None))
-            while (piece := await pieces.get()) is not None:
-                spoken.append(piece[0])
-                yield piece
-            _, engine_seconds = future.result()  # the engine's error, if it failed
-        finally:
-            if future is not None and not future.done():
-                future.cancel()
-            self._in_flight -= 1
-            metrics.IN_FLIGHT.dec()
-            async with self._idle:
-                self._idle.notify_all()
+            try:
+                # Resolves after every piece was queued (same loop, FIFO): None marks the end.
+                future.add_done_callback(lambda _: pieces.put_nowait(None))
+                while (piece := await pieces.get()) is not None:
+                    spoken.append(piece[0])
+                    yield piece
+                _, engine_seconds = future.result()  # the engine's error, if it failed
+            finally:
+                if not future.done():
+                    future.cancel()
         audio = np.concatenate(spoken) if spoken else np.zeros(0, dtype=np.float32)
-        records.capture([text], [audio], sample_rate)
-        seconds = len(audio) / sample_rate
-        metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
-        metrics.AUDIO_SECONDS.observe(seconds)
-        if seconds > 0:
-            metrics.REAL_TIME_FACTOR.observe(engine_seconds / seconds)
+        self._observe([text], [audio], sample_rate, engine_seconds)
 
     async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
         params = self._with_defaults(params)
         self.check(texts, params)
         assert self._batcher is not None and self.engine is not None
-        self._in_flight += 1
-        metrics.IN_FLIGHT.inc()
-        try:
+        async with self._engine_call():
             with tracing.tracer().start_as_current_span(
                 "synthesize", attributes={"tts.items": len(texts)}
             ) as span:
@@ -285,17 +273,34 @@ class TTSService:
                 )
                 span.set_attribute("tts.audio_seconds", result.audio_seconds)
                 span.set_attribute("tts.engine_seconds", engine_seconds)
+        for i, a in enumerate(audio):
+            if len(a) == 0:
+                raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
+        self._observe(texts, audio, result.sample_rate, engine_seconds)
+        return result
+
+    @contextlib.asynccontextmanager
+    async def _engine_call(self) -> AsyncIterator[None]:
+        """One engine call, unary or streamed alike, counted in tts_in_flight_requests and by the drain
+        (which also waits for calls of direct callers that were never admitted)."""
+        self._in_flight += 1
+        metrics.IN_FLIGHT.inc()
+        try:
+            yield
         finally:
             self._in_flight -= 1
             metrics.IN_FLIGHT.dec()
             async with self._idle:
                 self._idle.notify_all()
-        for i, a in enumerate(audio):
-            if len(a) == 0:
-                raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
-        records.capture(texts, audio, result.sample_rate)  # for this request's shadow record, if any
+
+    @staticmethod
+    def _observe(
+        texts: Sequence[str], audio: list[np.ndarray], sample_rate: int, engine_seconds: float
+    ) -> None:
+        """A finished engine call's audio into this request's shadow record (if any) and the metrics."""
+        records.capture(texts, audio, sample_rate)
+        seconds = sum(len(a) for a in audio) / sample_rate
         metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
-        metrics.AUDIO_SECONDS.observe(result.audio_seconds)
-        if result.audio_seconds > 0:
-            metrics.REAL_TIME_FACTOR.observe(engine_seconds / result.audio_seconds)
-        return result
+        metrics.AUDIO_SECONDS.observe(seconds)
+        if seconds > 0:
+            metrics.REAL_TIME_FACTOR.observe(engine_seconds / seconds)
