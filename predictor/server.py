@@ -302,9 +302,9 @@ async def run(settings: Settings, cold_start: Future) -> bool:
     )
     servers = [asyncio.create_task(rest.start(), name="rest")]
     grpc_server = None
-    if settings.grpc_port:
+    if settings.grpc_listen_port is not None:
         grpc_server = _GRPCServer(
-            settings.grpc_port,
+            settings.grpc_listen_port,
             dataplane,
             extension,
             GrpcInterceptor(settings.revision_name, recorder, service),

@@ -20,7 +20,7 @@ def create(settings: Settings) -> Engine:
             device=settings.device,
             dtype=settings.dtype,
             threads=settings.threads(),
-            gpu_memory_fraction=settings.gpu_memory_fraction,
+            gpu_memory_fraction=settings.gpu_memory_cap or 0.0,
             compile=settings.compile,
         )
     if settings.engine_name == "onnx":

@@ -224,8 +224,9 @@ class TTSService:
             admission.params_checked = params
 
     def _with_defaults(self, params: SynthesisParams) -> SynthesisParams:
-        if params.length_scale is None and self.settings.default_length_scale:
-            params = dataclasses.replace(params, length_scale=self.settings.default_length_scale)
+        default = self.settings.length_scale_default
+        if params.length_scale is None and default is not None:
+            params = dataclasses.replace(params, length_scale=default)
         return params
 
     async def stream(self, text: str, params: SynthesisParams) -> AsyncIterator[tuple[np.ndarray, bool]]:
