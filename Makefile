@@ -6,7 +6,7 @@ CACHE    := .cache
 S3_PORT  ?= 9000
 VOICE_URI ?= s3://voices/en_US-joe-medium
 
-.PHONY: install system-packages run test test-fast fuzz mos-reference bench overload load lint image base-image image-sizes manifests validate clean
+.PHONY: install system-packages run test test-fast fuzz mos-reference bench overload load lint docs image base-image image-sizes manifests validate clean
 
 install: $(VENV)/.installed
 
@@ -93,6 +93,11 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
+
+# docs/settings.md, rendered from Settings (predictor/config.py); tests/test_config.py fails when the
+# committed file differs from what this writes.
+docs: install
+	$(BIN)/python -m predictor.config --markdown > docs/settings.md
 
 # docker where a Docker engine runs, else podman (runc, host network, a local CPU torch wheel); the
 # base comes from a registry when one answers, else from Debian packages. IMAGE_ARGS go to the build.

@@ -16,8 +16,8 @@ from testing.process import child_env
 RUNS = 3
 # What any KServe predictor running this engine must import before it can serve a request.
 FLOOR_IMPORTS = {
-    "onnx": "kserve, kserve.model_server, onnxruntime, piper.phonemize_espeak, predictor.engine.onnx",
-    "torch": "kserve, kserve.model_server, torch, safetensors.torch, piper.phonemize_espeak, predictor.engine.torch",
+    "onnx": "kserve, kserve.model_server, onnxruntime, piper.phonemize_espeak, predictor.engine.exported",
+    "torch": "kserve, kserve.model_server, torch, safetensors.torch, piper.phonemize_espeak, predictor.engine.native",
 }
 
 

@@ -47,7 +47,7 @@ RESULTS = REPO / "bench" / "results" / "gpu.json"
 
 
 def _engine(model_dir: Path, device: str, dtype: str = "fp32") -> Any:
-    from predictor.engine.torch import TorchEngine
+    from predictor.engine.native import TorchEngine
 
     engine = TorchEngine(device=device, dtype=dtype, threads=2, gpu_memory_fraction=0.0, compile=False)
     engine.load(model_dir)
@@ -119,15 +119,15 @@ def _parity(
 
 
 def _throughput(res: SuiteResult, engine: Any, device: str, batches: list[int], rounds: int) -> None:
-    from predictor.engine import torch as torch_engine
     from predictor.engine.base import SynthesisParams
 
     params = SynthesisParams(noise_scale=0.667, noise_w=0.8)
     rates: dict[int, float] = {}
     for batch in batches:
         texts = [SENTENCES[i % len(SENTENCES)] for i in range(batch)]
-        # One forward pass for the whole batch, whatever the device (the engine's own cap is 16 on CUDA).
-        torch_engine.SENTENCES_PER_BATCH[engine.plan.device.type] = batch
+        # One forward pass for the whole batch, whatever the device (the engine's own cap is
+        # config.CUDA_BATCH_SIZE on CUDA).
+        engine.sentences_per_batch = batch
         engine.synthesize(texts, params)  # kernels for this shape
         walls, audio_s = [], 0.0
         for _ in range(rounds):

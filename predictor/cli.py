@@ -23,6 +23,10 @@ def cmd_serve(_args: argparse.Namespace) -> int:
     from predictor.observability import logs
 
     logs.configure(settings.log_level, settings.log_format)
+    from predictor.config import take_deprecations
+
+    for warning in take_deprecations():
+        log.warning(warning)
     from predictor.serving import coldstart
 
     pending = coldstart.begin(settings)  # before the heavy imports below, to overlap with them

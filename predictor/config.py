@@ -1,19 +1,29 @@
 """Every knob of the predictor, read once from the environment.
 
-Each field is an environment variable of the same name (upper case). An invalid value fails at start
-with a message naming the variable; nothing else in the package reads os.environ for configuration
-(boto3 reads the standard AWS_* variables itself, as KServe users expect).
+Each field is an environment variable of the same name (upper case), grouped by concern (GROUPS, the
+order of docs/settings.md, which `make docs` renders from this module: `python -m predictor.config
+--markdown`). An invalid value fails at start with a message naming the variable; nothing else in the
+package reads os.environ for configuration (boto3 reads the standard AWS_* variables itself, as
+KServe users expect).
+
+Conventions: a list is comma-separated (a JSON list or object is still read, as older manifests wrote
+MODEL_ALIASES and VOICE_ALIASES); a value the process works out itself is `auto`, a feature turned off
+is `none` (the `0` older manifests used for both still reads the same); every unit is in the name
+(`_s`, `_ms`, `_bytes`, `_mib`, `_chars`, `_frames`) or in the description, and so is the reason for
+the default.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 # OpenAI's built-in speech voices; VOICE_ALIASES maps them by default, so OpenAI clients work unchanged.
@@ -33,58 +43,154 @@ OPENAI_VOICES = (
     "cedar",
 )
 
+# Texts per engine call (the batcher, MAX_BATCH_SIZE auto) and sentences per forward pass (the torch
+# engine) on a GPU. On CPU a padded batch lost throughput in every measurement (`python -m bench
+# engines`: batches of 4 and 8 sentences gave 0.5x the audio per second of running them one by one;
+# oneDNN's convolutions are already parallel over time), so the CPU runs one at a time. On a GPU a
+# batch fills the card; the cap bounds activation memory (batch x frames x 256).
+CUDA_BATCH_SIZE = 16
+
+
+def device_batch_size(device: str) -> int:
+    """The batch that measured best on DEVICE: CUDA_BATCH_SIZE on a GPU, 1 on CPU."""
+    return CUDA_BATCH_SIZE if device.startswith("cuda") else 1
+
 
 class ConfigError(Exception):
     """A setting is invalid; the message names the environment variable."""
 
 
+def _comma_list(value: Any) -> Any:
+    """A comma-separated list (blanks dropped); a JSON list is still read, as older manifests wrote one."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"starts with '[' but is not a JSON list ({exc})") from None
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _comma_pairs(value: Any) -> Any:
+    """Comma-separated name=value pairs (an empty value is allowed); a JSON object is still read."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"starts with '{{' but is not a JSON object ({exc})") from None
+    pairs = {}
+    for item in filter(None, (p.strip() for p in value.split(","))):
+        name, sep, target = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{item!r} is not name=voice (name= for the model's default voice)")
+        pairs[name.strip()] = target.strip()
+    return pairs
+
+
+# Deprecated spellings read by the last Settings built; `serve` logs them once logging is configured,
+# so a JSON log stays JSON (take_deprecations).
+_DEPRECATIONS: list[str] = []
+
+
+def take_deprecations() -> list[str]:
+    """The deprecated spellings the environment used, each once."""
+    found = list(dict.fromkeys(_DEPRECATIONS))
+    _DEPRECATIONS.clear()
+    return found
+
+
+def _word_for_zero(word: str, value: Any, variable: str) -> Any:
+    """`word` for the 0 older manifests used to mean it (still read, with a warning)."""
+    if isinstance(value, str) and value.strip().lower() == word:
+        return word
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            zero = float(value) == 0
+        except ValueError:
+            return value
+        if zero:
+            _DEPRECATIONS.append(f"{variable}=0 is deprecated; write {variable}={word}")
+            return word
+    return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
 
-    # --- identity and ports (KServe defaults) ---
-    model_name: str = Field("tts", description="Model name in the v1/v2 routes.")
+    # --- identity and ports ---
+    model_name: str = Field(
+        "tts", description="Model name in the v1/v2 routes. Default: short, as clients write it in every URL."
+    )
     model_version: str = Field(
         "1",
         min_length=1,
         description="The one model version served: v2 versioned routes and gRPC version fields naming it "
-        "answer as unversioned ones, any other version is 404 / NOT_FOUND.",
+        "answer as unversioned ones, any other version is 404 / NOT_FOUND. Default: a revision serves "
+        "one artifact, so one version; set it to the artifact's version to make clients name it.",
     )
-    http_port: int = Field(8080, ge=1, le=65535, description="REST port (KServe default).")
-    grpc_port: int = Field(8081, ge=0, le=65535, description="gRPC port (KServe default); 0 disables.")
+    http_port: int = Field(8080, ge=1, le=65535, description="REST port. Default: KServe's.")
+    grpc_port: Annotated[int, Field(ge=1, le=65535)] | Literal["none"] = Field(
+        8081, description="gRPC port, or none to serve REST only. Default: KServe's."
+    )
 
-    # --- storage -> emptyDir ---
+    # --- artifact and fetch: storage -> MODEL_DIR ---
     storage_uri: str = Field(
         "",
         description="s3://bucket/prefix, file:///path or a plain path holding manifest.json; "
-        "empty: MODEL_DIR must already hold a verified artifact.",
+        "empty: MODEL_DIR must already hold a verified artifact (a volume, the image).",
     )
-    model_dir: Path = Field(Path("/mnt/models"), description="Where the artifact lands (the pod's emptyDir).")
+    model_dir: Path = Field(
+        Path("/mnt/models"),
+        description="Where the artifact lands (the pod's emptyDir). Default: KServe's model mount path.",
+    )
     fetch_concurrency: int = Field(
         16,
         ge=1,
         le=64,
-        description="Parallel ranged GETs across all files (S3 gives ~90 MB/s per connection).",
+        description="Parallel ranged GETs across all files, connections. Default: S3 serves ~90 MB/s per "
+        "connection, so 16 of them make the node's link, not S3, the limit.",
     )
-    fetch_part_size_mib: int = Field(8, ge=1, le=1024, description="Bytes per ranged GET, MiB.")
+    fetch_part_size_mib: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Size of one ranged GET, MiB. Default: a retry re-reads at most this much, and a "
+        "voice of tens of MiB still spreads over every connection.",
+    )
     fetch_retries: int = Field(
-        5, ge=0, le=20, description="Attempts per part after the first, on retryable errors."
+        5,
+        ge=0,
+        le=20,
+        description="Retries per part after the first attempt, on retryable errors (connections, 5xx, "
+        "throttling). Default: with FETCH_BACKOFF_S, ~6 s of waits (0.2 + 0.4 + 0.8 + 1.6 + 3.2) "
+        "ride out a blip before the model stays not ready and waits FETCH_RECOVERY_S.",
     )
     fetch_backoff_s: float = Field(
-        0.2, ge=0, le=30, description="First retry delay, seconds; doubles each retry."
-    )
-    s3_read_timeout_s: float = Field(
-        60.0,
-        gt=0,
-        le=600,
-        description="Seconds an S3 connection may stay silent before it counts as dropped (fetch: the part "
-        "is retried from where it stopped; event outputs: 503; shadow sink: retried, then lost).",
+        0.2,
+        ge=0,
+        le=30,
+        description="First retry delay of a part, seconds; doubles each retry, +-50 % jitter (a "
+        "whole-artifact retry starts at 4x this). Default: short enough that a dropped connection costs "
+        "little, long enough to let throttling ease.",
     )
     fetch_recovery_s: float = Field(
         10.0,
         gt=0,
         le=600,
         description="Seconds between whole fetches once the retries are spent: the model stays not ready "
-        "and the fetch starts again (resuming what is on disk) until storage answers, without a restart.",
+        "and the fetch starts again (resuming what is on disk) until storage answers, without a restart. "
+        "Default: well inside a startup probe's budget, rare enough not to load a struggling S3.",
+    )
+    s3_read_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=600,
+        description="Seconds an S3 connection may stay silent before it counts as dropped (fetch: the part "
+        "is retried from where it stopped; event outputs: 503; shadow sink: retried, then lost). "
+        "Default: botocore's.",
     )
 
     # --- engine ---
@@ -93,38 +199,84 @@ class Settings(BaseSettings):
         description="torch: our native PyTorch VITS; onnx: onnxruntime on Piper's graph; auto: the one "
         "measured fastest on DEVICE (onnx on CPU, torch on CUDA or when DTYPE/COMPILE ask for torch).",
     )
-    device: str = Field("cpu", description="cpu, cuda or cuda:N (CUDA_VISIBLE_DEVICES is honoured).")
+    device: str = Field(
+        "cpu",
+        description="cpu, cuda or cuda:N (CUDA_VISIBLE_DEVICES renumbers cards from 0). Default: every node has a CPU.",
+    )
     dtype: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32",
         description="Precision of the torch decoder (HiFi-GAN); text encoder, durations and flow stay fp32. "
-        "fp16 needs CUDA.",
+        "fp16 needs CUDA. Default: the precision of the published weights.",
     )
-    compile: bool = Field(False, description="torch.compile the decoder during warm-up, before ready.")
-    gpu_memory_fraction: float = Field(
-        0.0, ge=0.0, le=1.0, description="Most of the GPU's memory this process may take (0 = no cap)."
+    compile: bool = Field(
+        False,
+        description="torch.compile the decoder during warm-up, so its cost is paid before ready. Default "
+        "off: compiling lengthens every cold start.",
     )
-    cpu_threads: int = Field(
-        0,
-        ge=0,
-        le=256,
-        description="Intra-op threads; 0 = the container's CPU quota (cgroup), not host cores.",
+    gpu_memory_fraction: Annotated[float, Field(gt=0.0, le=1.0)] | Literal["none"] = Field(
+        "none",
+        description="Most of the GPU's memory this process may take, a fraction in (0, 1], so a neighbour on "
+        "the same GPU is not starved; none for no cap. Default: one predictor per GPU.",
     )
-    warmup_text: str = Field("Warming up the voice.", min_length=1, description="Synthesized before ready.")
+    cpu_threads: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
+        "auto",
+        description="Intra-op threads, or auto: the container's CPU quota (cgroup), not the host's cores, "
+        "which would oversubscribe a small pod on a large node.",
+    )
+    warmup_text: str = Field(
+        "Warming up the voice.",
+        min_length=1,
+        description="Synthesized before ready, so the first request finds kernels chosen and memory "
+        "allocated. Default: one short sentence.",
+    )
+
+    # --- request limits: what one request may ask for ---
     max_text_chars: int = Field(
         5_000,
         ge=1,
-        description="Longest accepted text per item, characters (a whole response is held in memory).",
+        description="Longest text per item of a v2, v1 or event request, characters. Default: a whole "
+        "response is held in memory; longer texts belong on the speech route, which streams.",
     )
-    max_batch_items: int = Field(64, ge=1, description="Most texts in one v2 request (shape [N]).")
+    max_batch_items: int = Field(
+        64,
+        ge=1,
+        description="Most texts in one v2 request (shape [N]), texts. Default: 64 x MAX_TEXT_CHARS stays "
+        "under MAX_REQUEST_BYTES.",
+    )
     max_stream_text_chars: int = Field(
         50_000,
         ge=1,
-        description="Longest input of /v1/audio/speech, characters (synthesized segment by segment).",
+        description="Longest input of /v1/audio/speech, characters. Default: a chapter; memory stays "
+        "bounded by one segment, since the route synthesizes segment by segment.",
     )
+
+    # --- speech route (/v1/audio/speech) ---
     max_segment_chars: int = Field(
-        300, ge=20, le=5000, description="Longest segment the speech route cuts a text into, characters."
+        300,
+        ge=20,
+        le=5000,
+        description="Longest segment the speech route cuts a text into, characters. Default: a few "
+        "sentences: shorter segments start sooner, longer ones keep the prosody of a clause.",
     )
-    crossfade_ms: float = Field(50.0, ge=0, le=500, description="Overlap between consecutive segments, ms.")
+    crossfade_ms: float = Field(
+        50.0,
+        ge=0,
+        le=500,
+        description="Overlap between consecutive segments, ms. Default: long enough to hide the seam, "
+        "short enough not to blur a word.",
+    )
+    model_aliases: Annotated[list[str], NoDecode] = Field(
+        ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"],
+        description="Model names the speech route accepts besides MODEL_NAME, comma-separated. Default: "
+        "OpenAI's, so OpenAI clients work unchanged.",
+    )
+    voice_aliases: Annotated[dict[str, str], NoDecode] = Field(
+        dict.fromkeys(OPENAI_VOICES, ""),
+        description="Voice names the speech route accepts and the voice each stands for, comma-separated "
+        "name=voice pairs (name= for the model's default voice). Default: OpenAI's voices, each the "
+        "default voice, so OpenAI clients work unchanged.",
+    )
+
     # --- streaming: the decoder runs over latent-frame windows (hop_length samples per frame, 11.6 ms
     # for a 22,050 Hz voice with hop 256); each window also decodes the receptive field on both sides.
     stream_first_window_frames: int = Field(
@@ -132,48 +284,49 @@ class Settings(BaseSettings):
         ge=1,
         le=1000,
         description="Frames of a stream's first decoder window (24 = 0.28 s at 22,050 Hz): the first "
-        "audio waits for text encoder, durations, flow and this much decoding.",
+        "audio waits for text encoder, durations, flow and this much decoding. Default: short, so the first "
+        "audio waits little; smaller windows pay their context more often.",
     )
     stream_window_frames: int = Field(
         192,
         ge=8,
         le=10_000,
-        description="Frames of each later decoder window (192 = 2.2 s): larger costs fewer context "
-        "frames (twice the receptive field per window, ~26) but leaves the engine in longer steps.",
-    )
-    model_aliases: list[str] = Field(
-        ["tts-1", "tts-1-hd", "gpt-4o-mini-tts"],
-        description="Model names the speech route accepts besides MODEL_NAME (OpenAI's, so OpenAI "
-        "clients work unchanged); JSON list.",
-    )
-    voice_aliases: dict[str, str] = Field(
-        dict.fromkeys(OPENAI_VOICES, ""),
-        description="Voice names the speech route accepts and the voice each stands for (empty: the "
-        "model's default voice); JSON object. Default: OpenAI's voices, so OpenAI clients work unchanged.",
+        description="Frames of each later decoder window (192 = 2.2 s), at least the first's: larger costs fewer context "
+        "frames (twice the receptive field per window, ~26) but leaves the engine in longer steps. "
+        "Default: the context (~26 frames) adds ~14 % to each window's decoding.",
     )
 
-    # --- batcher: one engine thread behind a bounded queue ---
-    max_batch_size: int = Field(
-        0,
-        ge=0,
-        le=256,
-        description="Most texts of compatible requests run as one engine call; 0 = per device "
-        "(1 on CPU, where batching measured slower; 16 on CUDA).",
+    # --- batching and the queue: one engine thread behind a bounded queue ---
+    max_batch_size: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
+        "auto",
+        description="Most texts of compatible requests (same parameters, no seed) run as one engine call, texts; auto: the device's "
+        "measured best (1 on CPU, where batching measured slower; 16 on CUDA).",
     )
     max_batch_delay_ms: float = Field(
-        5.0, ge=0, le=1000, description="How long the first request of a batch waits for companions, ms."
+        5.0,
+        ge=0,
+        le=1000,
+        description="How long the first request of a batch waits for companions, ms. Default: short against a "
+        "synthesis (hundreds of ms), so a lone request barely waits.",
     )
     max_queue: int = Field(
-        32, ge=1, description="Requests waiting for the engine; one more is refused at once (503)."
+        32,
+        ge=1,
+        description="Requests waiting for the engine; one more is refused at once with 503 and "
+        "Retry-After (gRPC UNAVAILABLE). Default: room for a burst; past it a client does better on "
+        "another replica than at the back of this queue.",
+    )
+    request_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A request still queued after this long is dropped with 503 before it costs engine "
+        "time, seconds. Default: a client that waited longer has likely given up.",
     )
     memory_trim: bool = Field(
         True,
         description="When the last request in flight is answered, give the heap memory it freed back to "
         "the kernel (glibc malloc_trim), so resident memory returns to its idle size instead of staying "
-        "at its peak.",
-    )
-    request_timeout_s: float = Field(
-        30.0, gt=0, description="A request still queued after this long is dropped (503), seconds."
+        "at its peak. Default on: it runs only when the pod goes idle.",
     )
 
     # --- connection limits: what one client may cost the pod, REST and gRPC ---
@@ -181,91 +334,100 @@ class Settings(BaseSettings):
         4 * 1024 * 1024,
         ge=1024,
         description="Largest request body (REST) or message (gRPC), bytes; a larger one is refused with 413 "
-        "(RESOURCE_EXHAUSTED) before it is read in full or parsed. The largest valid request, "
-        "MAX_BATCH_ITEMS texts of MAX_TEXT_CHARS characters JSON-escaped, is about 2 MB.",
+        "(RESOURCE_EXHAUSTED) before it is read in full or parsed. Default: twice the largest valid "
+        "request, MAX_BATCH_ITEMS texts of MAX_TEXT_CHARS characters JSON-escaped (~2 MB).",
     )
     max_header_bytes: int = Field(
         16 * 1024,
         ge=1024,
         description="Largest request head (request line and headers; gRPC metadata), bytes; beyond it "
-        "431 (h11), or the gRPC stream is reset. Bounds what a client that never finishes its headers holds.",
+        "431 (h11), or the gRPC stream is reset. Bounds what a client that never finishes its headers "
+        "holds. Default: room for long cookies and tracing headers.",
     )
     max_header_count: int = Field(
-        100, ge=8, description="Most request headers (REST); one more is refused with 431, headers."
+        100,
+        ge=8,
+        description="Most request headers (REST), headers; one more is refused with 431. Default: "
+        "generous for clients, bounded for the server.",
     )
     body_timeout_s: float = Field(
         30.0,
         gt=0,
         description="Longest a client may take to send its request body, seconds; then 408 and the "
-        "connection is closed. A client sending one byte a second holds a socket, never the engine.",
+        "connection is closed. A client sending one byte a second holds a socket, never the engine. "
+        "Default: a whole MAX_REQUEST_BYTES body at ~1.1 Mbit/s.",
     )
     max_connections: int = Field(
         1000,
         ge=1,
         description="Most concurrent HTTP connections and in-progress requests (uvicorn limit_concurrency) "
         "and concurrent gRPC calls; beyond it 503 / RESOURCE_EXHAUSTED. Bounds sockets and memory, "
-        "not synthesis (MAX_QUEUE does that).",
+        "not synthesis (MAX_QUEUE does that). Default: far above MAX_QUEUE, so the queue sheds load first.",
     )
     keepalive_timeout_s: float = Field(
         65.0,
         gt=0,
-        description="How long an idle keep-alive connection is held, seconds (KServe's default; above "
-        "the 60 s idle timeout of common load balancers, so they close first).",
+        description="How long an idle keep-alive connection (REST) or idle connection (gRPC) is held, seconds. Default: KServe's; above "
+        "the 60 s idle timeout of common load balancers, so they close first.",
     )
 
     # --- lifecycle ---
     drain_timeout_s: float = Field(
         25.0,
         ge=0,
-        description="On SIGTERM, how long in-flight requests may finish, seconds "
-        "(keep below the pod's terminationGracePeriodSeconds).",
+        description="On SIGTERM, how long admitted requests may finish, seconds. Default: below "
+        "Kubernetes' 30 s terminationGracePeriodSeconds, which it must stay under.",
     )
 
     # --- synthesis defaults ---
-    default_length_scale: float = Field(
-        0.0,
-        ge=0.0,
-        le=5.0,
-        description="length_scale where a request sets none (v2, v1, CloudEvents); "
-        "0 = the voice's own (config.json). >1 speaks slower.",
+    default_length_scale: Annotated[float, Field(ge=0.1, le=5.0)] | Literal["voice"] = Field(
+        "voice",
+        description="length_scale where a request sets none (v2, v1, CloudEvents; the speech route's speed sets its own), in [0.1, 5] (>1 "
+        "speaks slower), or voice: the voice's own (its config.json), as it was trained.",
     )
 
-    # --- shadow traffic: request ids, revision, records for canary verdicts ---
+    # --- revision and shadow traffic: request ids, revision, records for canary verdicts ---
     revision: str = Field(
         "",
-        description="Revision name on responses (x-tts-revision) and shadow records; empty = K_REVISION, else local.",
+        description="Revision name on responses (x-tts-revision) and shadow records; empty = K_REVISION, "
+        "else local.",
     )
     k_revision: str = Field(
         "", description="Set by Knative to the serving revision's name; read, never set by hand."
     )
     shadow_sink: str = Field(
         "",
-        description="Where shadow records go: empty = off, stdout, s3://bucket/prefix, or a local directory.",
+        description="Where shadow records go: empty = off, stdout, s3://bucket/prefix, or a local "
+        "directory. Default off: a deployment chooses where its records go.",
     )
     shadow_batch_records: int = Field(
-        500, ge=1, le=100_000, description="Records per written batch (one S3 object; S3 bills per request)."
+        500,
+        ge=1,
+        le=100_000,
+        description="Records per written batch (one S3 object), records. Default: S3 bills per request.",
     )
     shadow_flush_s: float = Field(
         10.0,
         gt=0,
         le=3600,
-        description="Longest a record waits in memory before its batch is written, seconds "
-        "(bounds what a crash loses and how stale compare's input is).",
+        description="Longest a record waits in memory before its batch is written, seconds. Default: "
+        "bounds what a crash (not SIGTERM, which flushes) loses and how stale compare's input is.",
     )
     shadow_queue: int = Field(
         256,
         ge=1,
         le=100_000,
-        description="Finished requests waiting for their record (each holds its audio); "
-        "one more is dropped and counted, never waited for.",
+        description="Finished requests waiting for their record (each holds its audio), requests; one "
+        "more is dropped and counted, never waited for. Default: bounds the audio held while a sink is slow.",
     )
     shadow_mos_sample: float = Field(
         0.05,
         ge=0,
         le=1,
-        description="Share of recorded requests whose record carries a DNSMOS MOS estimate (0 = none). "
-        "Chosen by a hash of the request id, so stable and canary score the same requests; computed on "
-        "the records' thread (one core, ~0.5-1 s per clip), skipped when that thread is behind.",
+        description="Share of recorded requests whose record carries a DNSMOS MOS estimate, a fraction "
+        "(0: none). Chosen by a hash of the request id, so stable and canary score the same requests; "
+        "computed on the records' thread (one core, ~0.5-1 s per clip), skipped when that thread is "
+        "behind. Default: 20 scored pairs (compare's minimum) in ~400 requests.",
     )
 
     # --- CloudEvents ---
@@ -274,27 +436,44 @@ class Settings(BaseSettings):
     )
     ce_reply_type: str = Field(
         "dev.tts-predictor.synthesized.v1",
-        description="Type of the reply event; must differ from the request type.",
+        description="Type of the reply event; must differ from the request type, or a Trigger would loop.",
     )
     ce_source: str = Field("", description="Source of reply events; empty = /models/<MODEL_NAME>.")
     ce_inline_max_bytes: int = Field(
         1024 * 1024,
         ge=1,
-        description="Largest encoded audio an event reply carries inline (base64 adds a third on the wire), bytes; "
-        "a larger result is refused with 413 asking for data.output. Brokers cap event size (Kafka: 1 MB by default).",
+        description="Largest encoded audio an event reply carries inline (base64 adds a third on the "
+        "wire), bytes; a larger result is refused with 413 asking for data.output. Default: brokers cap "
+        "event size (Kafka: 1 MB by default); lower it to fit yours.",
     )
-    ce_output_prefixes: str = Field(
-        "",
-        description="Comma-separated s3://bucket/prefix locations an event's data.output may name; an "
-        "output anywhere else is refused with 403 before storage is touched. Empty: no event may write "
-        "(inline replies only), so an event cannot aim the pod's credentials at any bucket they reach.",
+    ce_output_prefixes: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="s3://bucket/prefix locations an event's data.output may name, comma-separated; an "
+        "output anywhere else is refused with 403 before storage is touched. Default none: no event may "
+        "write (inline replies only), so an event cannot aim the pod's credentials at any bucket they reach.",
     )
     ce_output_part_size_mib: int = Field(
         8,
         ge=5,
         le=5120,
-        description="Event outputs larger than this go to S3 as multipart uploads in parts of this size, MiB "
-        "(S3's smallest part is 5 MiB); smaller ones as one PUT. Both become visible only when complete.",
+        description="Event outputs larger than this go to S3 as multipart uploads in parts of this size, "
+        "MiB; smaller ones as one PUT. Both become visible only when complete. Default: S3's smallest "
+        "part is 5 MiB; 8 as for the fetch.",
+    )
+
+    # --- observability ---
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO",
+        description="Log level. Default: no line per request (our counters replace KServe's request log).",
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json", description="json: one JSON object per line, as log collectors parse; text for a terminal."
+    )
+    otel_exporter_otlp_endpoint: str = Field(
+        "", description="OTLP/HTTP endpoint (OpenTelemetry's variable); empty = tracing off."
+    )
+    otel_service_name: str = Field(
+        "tts-predictor", description="service.name on spans (OpenTelemetry's variable)."
     )
 
     # --- development ---
@@ -305,11 +484,40 @@ class Settings(BaseSettings):
         "inference port.",
     )
 
-    # --- observability ---
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
-    log_format: Literal["json", "text"] = Field("json", description="json: one JSON object per line.")
-    otel_exporter_otlp_endpoint: str = Field("", description="OTLP/HTTP endpoint; empty = tracing off.")
-    otel_service_name: str = Field("tts-predictor", description="service.name on spans.")
+    @field_validator("grpc_port", mode="before")
+    @classmethod
+    def _grpc_port(cls, v: Any) -> Any:
+        return _word_for_zero("none", v, "GRPC_PORT")
+
+    @field_validator("gpu_memory_fraction", mode="before")
+    @classmethod
+    def _gpu_memory_fraction(cls, v: Any) -> Any:
+        return _word_for_zero("none", v, "GPU_MEMORY_FRACTION")
+
+    @field_validator("cpu_threads", mode="before")
+    @classmethod
+    def _cpu_threads(cls, v: Any) -> Any:
+        return _word_for_zero("auto", v, "CPU_THREADS")
+
+    @field_validator("max_batch_size", mode="before")
+    @classmethod
+    def _max_batch_size(cls, v: Any) -> Any:
+        return _word_for_zero("auto", v, "MAX_BATCH_SIZE")
+
+    @field_validator("default_length_scale", mode="before")
+    @classmethod
+    def _default_length_scale(cls, v: Any) -> Any:
+        return _word_for_zero("voice", v, "DEFAULT_LENGTH_SCALE")
+
+    @field_validator("model_aliases", "ce_output_prefixes", mode="before")
+    @classmethod
+    def _lists(cls, v: Any) -> Any:
+        return _comma_list(v)
+
+    @field_validator("voice_aliases", mode="before")
+    @classmethod
+    def _pairs(cls, v: Any) -> Any:
+        return _comma_pairs(v)
 
     @field_validator("device")
     @classmethod
@@ -333,13 +541,6 @@ class Settings(BaseSettings):
             raise ValueError("must differ from CE_REQUEST_TYPE, or a Trigger would loop")
         return v
 
-    @field_validator("default_length_scale")
-    @classmethod
-    def _length_scale(cls, v: float) -> float:
-        if v != 0 and v < 0.1:
-            raise ValueError("must be 0 (the voice's own) or within [0.1, 5]")
-        return v
-
     @field_validator("shadow_sink")
     @classmethod
     def _shadow_sink(cls, v: str) -> str:
@@ -351,8 +552,8 @@ class Settings(BaseSettings):
 
     @field_validator("ce_output_prefixes")
     @classmethod
-    def _output_prefixes(cls, v: str) -> str:
-        for prefix in filter(None, (p.strip() for p in v.split(","))):
+    def _output_prefixes(cls, v: list[str]) -> list[str]:
+        for prefix in v:
             rest = prefix[len("s3://") :] if prefix.startswith("s3://") else ""
             if not rest.split("/", 1)[0]:
                 raise ValueError(f"{prefix!r} is not s3://bucket or s3://bucket/prefix")
@@ -361,7 +562,7 @@ class Settings(BaseSettings):
     @property
     def output_prefixes(self) -> list[str]:
         """CE_OUTPUT_PREFIXES as directory URIs ending in "/": s3://b/out allows s3://b/out/x, not s3://b/outer."""
-        return [p.strip().rstrip("/") + "/" for p in self.ce_output_prefixes.split(",") if p.strip()]
+        return [p.rstrip("/") + "/" for p in self.ce_output_prefixes]
 
     @property
     def engine_name(self) -> str:
@@ -372,6 +573,26 @@ class Settings(BaseSettings):
         if self.device.startswith("cuda") or self.dtype != "fp32" or self.compile:
             return "torch"
         return "onnx"
+
+    @property
+    def batch_size(self) -> int:
+        """MAX_BATCH_SIZE with auto resolved to the device's (device_batch_size)."""
+        return device_batch_size(self.device) if self.max_batch_size == "auto" else self.max_batch_size
+
+    @property
+    def grpc_listen_port(self) -> int | None:
+        """GRPC_PORT, None when gRPC is off."""
+        return None if self.grpc_port == "none" else self.grpc_port
+
+    @property
+    def gpu_memory_cap(self) -> float | None:
+        """GPU_MEMORY_FRACTION, None for no cap."""
+        return None if self.gpu_memory_fraction == "none" else self.gpu_memory_fraction
+
+    @property
+    def length_scale_default(self) -> float | None:
+        """DEFAULT_LENGTH_SCALE, None for the voice's own."""
+        return None if self.default_length_scale == "voice" else self.default_length_scale
 
     @property
     def revision_name(self) -> str:
@@ -386,7 +607,103 @@ class Settings(BaseSettings):
         return self.ce_source or f"/models/{self.model_name}"
 
     def threads(self) -> int:
-        return self.cpu_threads or container_cpus()
+        return container_cpus() if self.cpu_threads == "auto" else self.cpu_threads
+
+
+# The order and titles of docs/settings.md; every field of Settings is in exactly one group
+# (tests/test_config.py).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "Identity and ports": ("model_name", "model_version", "http_port", "grpc_port"),
+    "Artifact and fetch": (
+        "storage_uri",
+        "model_dir",
+        "fetch_concurrency",
+        "fetch_part_size_mib",
+        "fetch_retries",
+        "fetch_backoff_s",
+        "fetch_recovery_s",
+        "s3_read_timeout_s",
+    ),
+    "Engine": ("engine", "device", "dtype", "compile", "gpu_memory_fraction", "cpu_threads", "warmup_text"),
+    "Request limits": ("max_text_chars", "max_batch_items", "max_stream_text_chars"),
+    "Speech route": ("max_segment_chars", "crossfade_ms", "model_aliases", "voice_aliases"),
+    "Streaming": ("stream_first_window_frames", "stream_window_frames"),
+    "Batching and queue": (
+        "max_batch_size",
+        "max_batch_delay_ms",
+        "max_queue",
+        "request_timeout_s",
+        "memory_trim",
+    ),
+    "Connection limits": (
+        "max_request_bytes",
+        "max_header_bytes",
+        "max_header_count",
+        "body_timeout_s",
+        "max_connections",
+        "keepalive_timeout_s",
+    ),
+    "Lifecycle": ("drain_timeout_s",),
+    "Synthesis defaults": ("default_length_scale",),
+    "Revision and shadow traffic": (
+        "revision",
+        "k_revision",
+        "shadow_sink",
+        "shadow_batch_records",
+        "shadow_flush_s",
+        "shadow_queue",
+        "shadow_mos_sample",
+    ),
+    "CloudEvents": (
+        "ce_request_type",
+        "ce_reply_type",
+        "ce_source",
+        "ce_inline_max_bytes",
+        "ce_output_prefixes",
+        "ce_output_part_size_mib",
+    ),
+    "Observability": ("log_level", "log_format", "otel_exporter_otlp_endpoint", "otel_service_name"),
+    "Development": ("playground",),
+}
+
+
+# The module docstring's conventions, which docs/settings.md opens with.
+_CONVENTIONS = " ".join((__doc__ or "").split("Conventions: ", 1)[1].split())
+_CONVENTIONS = _CONVENTIONS[:1].upper() + _CONVENTIONS[1:]
+
+
+def _env_value(value: Any) -> str:
+    """A default as it would be written in the environment."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return ",".join(value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def settings_markdown() -> str:
+    """docs/settings.md: every variable by group, with its default and description (`make docs`)."""
+    fields = Settings.model_fields
+    lines = [
+        "# Settings",
+        "",
+        "<!-- Generated by `make docs` (python -m predictor.config --markdown) from predictor/config.py;",
+        "     edit the descriptions there. tests/test_config.py fails when this file drifts. -->",
+        "",
+        "Every knob is an environment variable, read once at start; an invalid value stops the process "
+        "with a message naming the variable (exit 2). " + _CONVENTIONS,
+    ]
+    for title, names in GROUPS.items():
+        lines += ["", f"## {title}", "", "| variable | default | description |", "|---|---|---|"]
+        for name in names:
+            info = fields[name]
+            default = _env_value(info.default)
+            shown = f"`{default}`" if default else "(empty)"
+            description = " ".join((info.description or "").split()).replace("|", "\\|")
+            lines.append(f"| `{name.upper()}` | {shown} | {description} |")
+    return "\n".join(lines) + "\n"
 
 
 def container_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -417,13 +734,30 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        problems = []
+        # One entry per variable: a value that may be a number or a word fails both, said once.
+        problems: dict[str, tuple[list[str], Any]] = {}
         for err in exc.errors():
             var = str(err["loc"][0]).upper() if err["loc"] else "?"
-            problems.append(f"{var}: {err['msg']} (got {err.get('input')!r})")
-        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+            problems.setdefault(var, ([], err.get("input")))[0].append(err["msg"])
+        raise ConfigError(
+            "invalid configuration: "
+            + "; ".join(f"{var}: {', or '.join(msgs)} (got {got!r})" for var, (msgs, got) in problems.items())
+        ) from None
     except SettingsError as exc:
-        # A list or dict variable that is not JSON fails before validation, naming the field.
+        # A variable pydantic-settings could not decode before validation, naming the field.
         field = re.search(r'field "([^"]+)"', str(exc))
         var = field.group(1).upper() if field else "?"
-        raise ConfigError(f"invalid configuration: {var}: not valid JSON ({exc.__cause__})") from None
+        raise ConfigError(f"invalid configuration: {var}: {exc.__cause__ or exc}") from None
+
+
+def main(argv: list[str]) -> int:
+    """`python -m predictor.config --markdown`: docs/settings.md on stdout."""
+    if argv != ["--markdown"]:
+        print("usage: python -m predictor.config --markdown > docs/settings.md", file=sys.stderr)
+        return 2
+    sys.stdout.write(settings_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

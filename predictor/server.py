@@ -42,14 +42,15 @@ from opentelemetry import trace
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from predictor.api import openapi, pages, speech, v1, v2
+from predictor.api.checks import require_version
 from predictor.api.handlers import (
     http_exception_response,
     not_ready_response,
     predictor_error_response,
     validation_error_response,
 )
+from predictor.api.kserve_model import TTSModel
 from predictor.api.stream_infer import StreamInferHandler
-from predictor.api.v2 import TTSModel, require_version
 from predictor.config import ConfigError, Settings
 from predictor.errors import PredictorError
 from predictor.events.outputs import OutputStore
@@ -301,9 +302,9 @@ async def run(settings: Settings, cold_start: Future) -> bool:
     )
     servers = [asyncio.create_task(rest.start(), name="rest")]
     grpc_server = None
-    if settings.grpc_port:
+    if settings.grpc_listen_port is not None:
         grpc_server = _GRPCServer(
-            settings.grpc_port,
+            settings.grpc_listen_port,
             dataplane,
             extension,
             GrpcInterceptor(settings.revision_name, recorder, service),

@@ -60,7 +60,7 @@ class ReferenceVoice:
     """The packaged default voice on an in-process torch engine (CPU, fp32, eager): the expected audio."""
 
     def __init__(self, voice_dir: Path, threads: int = 1) -> None:
-        from predictor.engine.torch import TorchEngine
+        from predictor.engine.native import TorchEngine
 
         self.engine = TorchEngine(
             device="cpu", dtype="fp32", threads=threads, gpu_memory_fraction=0, compile=False

@@ -334,7 +334,7 @@ def document(settings: Settings) -> dict[str, Any]:
             "parameters": [model],
             "post": {
                 "summary": "Synthesize texts (KServe v1); a CloudEvent (binary or structured mode) on this path "
-                "is a synthesis event, see the README",
+                "is a synthesis event, see docs/events.md",
                 "requestBody": {"required": True, "content": _json(_ref("v1_request"))},
                 "responses": {
                     "200": {"description": "one WAV per instance", "content": _json(_ref("v1_response"))},

@@ -29,6 +29,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from predictor import text
+from predictor.api.handlers import validation_problems
 from predictor.audio import codecs, crossfade
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
@@ -76,10 +77,7 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         try:
             body = SpeechRequest.model_validate_json(await request.body())
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5]
-            )
-            raise BadRequest(f"invalid speech request: {problems}") from None
+            raise BadRequest(f"invalid speech request: {validation_problems(exc.errors())}") from None
         models = [settings.model_name, *settings.model_aliases, *service.voices]
         if body.model not in models:
             raise BadRequest(f"unknown model {body.model!r}; this server accepts {', '.join(models)}")

@@ -12,9 +12,11 @@ Decoupled protocol, as Triton's decoupled models answer: every response carries 
 `triton_enable_empty_final_response` true gets its data responses flagged false and then one empty
 response flagged true, as Triton sends it.
 
-Requests on one stream are answered in order. A malformed request, or one that fails, gets one response
-with `error_message` set (Triton's stream error) and the stream stays open for the next request. A
-stream closed by the client stops the engine at the next window.
+Requests on one stream are answered in order, each admitted for the drain as a unary call is (a
+SIGTERM lets the request in progress finish and answers the next with the error "model is
+draining"). A malformed request, or one that fails, gets one response with `error_message` set
+(Triton's stream error) and the stream stays open for the next request. A stream closed by the client
+stops the engine at the next window.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import numpy as np
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.infer_type import InferRequest
 
-from predictor.api.v2 import add_grpc_outputs, decode_v2
+from predictor.api.checks import require_model
+from predictor.api.v2_codec import add_grpc_outputs, decode_v2
 from predictor.errors import BadRequest, PredictorError
 from predictor.serving.service import TTSService
 
@@ -97,16 +100,18 @@ class StreamInferHandler(grpc.GenericRpcHandler):
     ) -> AsyncIterator[StreamResponse]:
         async for request in requests:
             try:
-                async for response in self._answer(request):
-                    yield response
+                # Each request on the stream is admitted as a unary call is (the interceptor admits
+                # ModelInfer): a drain lets it finish, and refuses the next one.
+                async with self._service.admit(request.id, "grpc:ModelStreamInfer"):
+                    async for response in self._answer(request):
+                        yield response
             except PredictorError as exc:
                 if exc.http_status >= 500:
                     log.warning("stream request %r failed: %s", request.id, exc.message)
                 yield StreamResponse(error_message=exc.message)
 
     async def _answer(self, request: pb.ModelInferRequest) -> AsyncIterator[StreamResponse]:
-        if request.model_name != self._model_name:
-            raise BadRequest(f"unknown model {request.model_name!r}; this server serves {self._model_name!r}")
+        require_model(request.model_name, self._model_name)
         empty_final = False
         if EMPTY_FINAL in request.parameters:
             empty_final = request.parameters[EMPTY_FINAL].bool_param

@@ -12,7 +12,7 @@ import soundfile
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from predictor.api.v2 import require_model
+from predictor.api.checks import require_model
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest

@@ -60,15 +60,23 @@ class _Cancelled(Exception):
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """The one retry policy of a fetch: ``retries`` retries after the first attempt, the n-th after
+    ``backoff_s`` x 2^(n-1), +-50 % jitter. Each ranged GET retries under it (FETCH_RETRIES,
+    FETCH_BACKOFF_S); cold start's whole-artifact attempts too (serving/coldstart.artifact_policy)."""
+
     retries: int
     backoff_s: float
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the ``failures``-th failure."""
+        # Jitter: parts that failed together (a dropped pool, a throttled prefix) must not retry in step.
+        return self.backoff_s * 2 ** (failures - 1) * random.uniform(0.5, 1.5)
 
     def pause(self, exc: _Retryable, failures: int, stop: threading.Event | None = None) -> None:
         """Wait before the next attempt, or give up once ``retries`` retries are spent."""
         if failures > self.retries:
             raise TransientStorageError(f"{exc} (gave up after {failures} attempts)") from exc
-        # Jitter: parts that failed together (a dropped pool, a throttled prefix) must not retry in step.
-        delay = self.backoff_s * 2 ** (failures - 1) * random.uniform(0.5, 1.5)
+        delay = self.delay(failures)
         log.warning("retry %d/%d in %.2fs after: %s", failures, self.retries, delay, exc)
         if stop is None:
             time.sleep(delay)

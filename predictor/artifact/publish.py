@@ -49,7 +49,8 @@ def build_default_voice(out_dir: Path) -> Manifest:
         files.append(ManifestFile(path=rel, size=size, sha256=digest, engines=engines))
     # The torch engine's weights: the ONNX initializers as safetensors, plus the hyperparameters
     # read from the graph (vits.json). Converted here, once, so a pod never needs onnx to start.
-    from predictor.engine.convert import CONFIG_FILE, write_onnx_split, write_safetensors
+    from predictor.engine.convert import write_onnx_split, write_safetensors
+    from predictor.engine.voice_files import CONFIG_FILE
 
     for path in write_safetensors(out_dir / "model.onnx", out_dir):
         # vits.json also gives the onnx engine its decoder's receptive field (streaming windows).

@@ -110,7 +110,14 @@ class Engine(ABC):
     def load(self, model_dir: Path) -> None: ...
 
     @abstractmethod
-    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]: ...
+    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+        """The audio of each text, for a caller that drives the engine directly (CLI, bench): the
+        voice is checked here."""
+
+    def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+        """synthesize for the service, which checked the voice once for the request before queueing it.
+        Engines whose synthesize checks the voice override this to skip that check."""
+        return self.synthesize(texts, params)
 
     @property
     @abstractmethod
@@ -139,6 +146,12 @@ class Engine(ABC):
         """
         yield self.synthesize([text], params)[0], True
 
+    def stream_checked(
+        self, text: str, params: SynthesisParams, windows: StreamWindows
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        """stream for the service, which checked the voice once for the request (see synthesize_checked)."""
+        return self.stream(text, params, windows)
+
 
 class PiperEngine(Engine):
     """An engine for a Piper voice: the voice config comes from the artifact's config.json."""
@@ -149,6 +162,16 @@ class PiperEngine(Engine):
         manifest = json.loads((model_dir / "manifest.json").read_text(encoding="utf-8"))
         self._voice = VoiceConfig.read(model_dir, manifest["name"])
         return self._voice
+
+    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+        self.check_voice(params.voice)
+        return self.synthesize_checked(texts, params)
+
+    def stream(
+        self, text: str, params: SynthesisParams, windows: StreamWindows
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        self.check_voice(params.voice)
+        return self.stream_checked(text, params, windows)
 
     @property
     def voice(self) -> VoiceConfig:

@@ -1,4 +1,7 @@
-"""Piper ONNX voice -> VITS state dict (safetensors) + VitsConfig, read from the graph itself.
+"""Publish-time conversion of a Piper ONNX voice: VITS state dict (safetensors) + VitsConfig read from the
+graph itself, and the graph split into encoder and decoder. The engines load the results through
+engine/voice_files.py; nothing here runs in a serving process except for an artifact published
+before the split existed (engine/exported.py then splits it in memory).
 
 The exported graph is the only artifact a Piper voice ships, so it is the ground truth for both the
 weights and the hyperparameters:
@@ -26,9 +29,7 @@ import numpy as np
 import torch
 
 from predictor.engine.vits import Vits, VitsConfig
-
-CONFIG_FILE = "vits.json"
-WEIGHTS_FILE = "model.safetensors"
+from predictor.engine.voice_files import CONFIG_FILE, DECODER_ONNX, ENCODER_ONNX, LATENT_NAME, WEIGHTS_FILE
 
 _CONV_OPS = ("Conv", "ConvTranspose")
 _EMBEDDING_NODE = "/enc_p/emb/Gather"
@@ -283,30 +284,9 @@ def write_safetensors(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
     return [weights, config_path]
 
 
-def load_vits(
-    model_dir: str | Path, device: str | torch.device = "cpu", decoder_dtype: torch.dtype | None = None
-) -> Vits:
-    """Build Vits from vits.json + model.safetensors (mmapped on CPU), strict load, eval mode.
-
-    (Building on the meta device and assigning the loaded tensors would skip the ~0.15 s random
-    init, but torch's first meta-device construction costs ~2 s, so this copies.)
-    """
-    from safetensors.torch import load_file
-
-    model_dir = Path(model_dir)
-    config = VitsConfig.from_dict(json.loads((model_dir / CONFIG_FILE).read_text(encoding="utf-8")))
-    state = load_file(str(model_dir / WEIGHTS_FILE), device=str(device))
-    vits = Vits(config, decoder_dtype=decoder_dtype).to(device)
-    vits.load_state_dict(state, strict=True)
-    return vits.eval()
-
-
 # The split of Piper's graph for chunked decoding: text -> latent (encoder, durations, flow) and
 # latent -> audio (the HiFi-GAN generator), cut at the generator's input.
-ENCODER_ONNX = "encoder.onnx"
-DECODER_ONNX = "decoder.onnx"
 _DECODER_FIRST_NODE = "/dec/conv_pre/Conv"
-LATENT_NAME = "latent"  # the cut tensor's name in both parts
 
 
 def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
@@ -350,11 +330,6 @@ def write_onnx_split(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
         atomic_write_bytes(path, part.SerializeToString())
         paths.append(path)
     return paths
-
-
-def read_config(model_dir: str | Path) -> VitsConfig:
-    """The voice's VitsConfig from vits.json."""
-    return VitsConfig.from_dict(json.loads((Path(model_dir) / CONFIG_FILE).read_text(encoding="utf-8")))
 
 
 def infer_config(onnx_model: Any) -> VitsConfig:

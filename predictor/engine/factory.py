@@ -14,17 +14,17 @@ if TYPE_CHECKING:
 def create(settings: Settings) -> Engine:
     """Construct the configured engine without weights (device and imports checked here, at start)."""
     if settings.engine_name == "torch":
-        from predictor.engine.torch import TorchEngine
+        from predictor.engine.native import TorchEngine
 
         return TorchEngine(
             device=settings.device,
             dtype=settings.dtype,
             threads=settings.threads(),
-            gpu_memory_fraction=settings.gpu_memory_fraction,
+            gpu_memory_fraction=settings.gpu_memory_cap or 0.0,
             compile=settings.compile,
         )
     if settings.engine_name == "onnx":
-        from predictor.engine.onnx import OnnxEngine
+        from predictor.engine.exported import OnnxEngine
 
         if settings.dtype != "fp32" or settings.compile:
             raise EngineError("DTYPE and COMPILE apply to ENGINE=torch only")

@@ -1,6 +1,6 @@
 """Prometheus metrics, all prefixed `tts_`, served on the REST port at /metrics.
 
-Names and labels are a contract with dashboards, alerts and autoscalers (README lists them): add,
+Names and labels are a contract with dashboards, alerts and autoscalers (docs/observability.md lists them): add,
 don't rename. Label values are bounded (route templates, status codes, phases), never request data.
 """
 

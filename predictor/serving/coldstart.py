@@ -28,6 +28,7 @@ from predictor.config import ConfigError, Settings
 # Everything heavier (boto3, numpy, the engine's packages) is imported on the cold-start threads, so
 # they start before the main thread pays for a single one of those imports.
 if TYPE_CHECKING:
+    from predictor.artifact.download import RetryPolicy
     from predictor.artifact.fetch import FetchReport
     from predictor.artifact.manifest import Manifest
     from predictor.engine.base import Engine
@@ -36,9 +37,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger("predictor.coldstart")
 
-# Whole-artifact attempts on top of the per-part retries inside fetching.fetch: a file that failed
-# its checksum is fetched again from scratch before we give up and stay not ready.
-FETCH_ATTEMPTS = 3
+# Whole-artifact retries on top of the per-part ones inside fetching.fetch: a file that failed its
+# checksum is fetched again from scratch (twice) before we give up and stay not ready. Under the
+# parts' RetryPolicy, from 4 x FETCH_BACKOFF_S: what failed is an object, not one connection, and the
+# first wait gives a publisher time to put a good object back.
+ARTIFACT_RETRIES = 2
+ARTIFACT_BACKOFF_FACTOR = 4
 # Set on drain: a cold start still retrying its fetch gives up, so the process can exit.
 _ABANDONED = threading.Event()
 
@@ -176,13 +180,22 @@ def _until_fetched(settings: Settings, error: StorageError) -> tuple[Manifest, F
         return manifest, report
 
 
+def artifact_policy(settings: Settings) -> RetryPolicy:
+    """The whole-artifact attempts' retries: the fetch's one RetryPolicy, from a longer first wait."""
+    from predictor.artifact.download import RetryPolicy
+
+    return RetryPolicy(ARTIFACT_RETRIES, settings.fetch_backoff_s * ARTIFACT_BACKOFF_FACTOR)
+
+
 def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
     from predictor.artifact import fetch as fetching
     from predictor.errors import IntegrityError, TransientStorageError
 
     # Empty STORAGE_URI: the artifact is already in MODEL_DIR; it is still verified, never trusted.
     uri = settings.storage_uri or str(settings.model_dir)
-    for attempt in range(1, FETCH_ATTEMPTS + 1):
+    policy = artifact_policy(settings)
+    attempts = policy.retries + 1
+    for attempt in range(1, attempts + 1):
         try:
             manifest, report = fetching.fetch(
                 uri,
@@ -192,10 +205,10 @@ def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
             )
             return manifest, report
         except (TransientStorageError, IntegrityError) as exc:
-            if attempt == FETCH_ATTEMPTS:
+            if attempt == attempts:
                 raise
-            log.warning("fetch attempt %d/%d failed, retrying: %s", attempt, FETCH_ATTEMPTS, exc)
-            time.sleep(settings.fetch_backoff_s * 4**attempt)
+            log.warning("fetch attempt %d/%d failed, retrying: %s", attempt, attempts, exc)
+            time.sleep(policy.delay(attempt))
     raise AssertionError("unreachable")
 
 

@@ -6,10 +6,11 @@ queue (batcher.py): engine calls are serialized (a GPU runs one graph at a time 
 loop never blocks on synthesis, so liveness answers during a long request, and overload is refused
 at once rather than queued without bound.
 
-The drain counts requests, not engine calls: the REST middleware and the gRPC interceptor admit each
-synthesis request (`TTSService.admit`) for its whole life — every segment of a stream, an event's
-upload and completion record — and a request admitted before SIGTERM is served to its end, while one
-arriving after is refused. Counting engine calls cut streams off between two segments.
+The drain counts requests, not engine calls: the REST middleware, the gRPC interceptor and Triton's
+stream handler (per streamed request) admit each synthesis request (`TTSService.admit`) for its whole
+life — every segment of a stream, an event's upload and completion record — and a request admitted
+before SIGTERM is served to its end, while one arriving after is refused. Counting engine calls cut
+streams off between two segments.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class Admission:
     request_id: str
     route: str
     started: float = field(default_factory=time.monotonic)
+    # What the request has already passed, so each check runs once per request however many engine
+    # calls it makes (a speech request makes one per segment).
+    ready_checked: bool = False
+    params_checked: SynthesisParams | None = None
 
 
 # The admission of the request this task serves; copied into the tasks it starts (a stream's body,
@@ -80,13 +85,11 @@ class TTSService:
 
     def mark_ready(self, engine: Engine) -> None:
         settings = self.settings
-        # Measured: on CPU a batch loses throughput (bench `engines`); on a GPU it fills the card.
-        auto = 16 if settings.device.startswith("cuda") else 1
         sizes = StreamWindows(settings.stream_first_window_frames, settings.stream_window_frames)
         self._batcher = Batcher(
-            engine.synthesize,
-            run_stream=lambda text, params: engine.stream(text, params, sizes),
-            max_batch_size=settings.max_batch_size or auto,
+            engine.synthesize_checked,
+            run_stream=lambda text, params: engine.stream_checked(text, params, sizes),
+            max_batch_size=settings.batch_size,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,
             timeout_s=settings.request_timeout_s,
@@ -160,17 +163,26 @@ class TTSService:
     def voices(self) -> list[str]:
         return self.engine.voices if self.engine else []
 
-    def require_ready(self) -> None:
+    def _admission(self) -> Admission | None:
+        """The admission of the request this task serves, if this service admitted it."""
         admission = _ADMISSION.get()
-        if self._ready and admission is not None and admission.service is self:
-            return  # admitted before the drain began: served to its end
-        if not self.ready:
+        return admission if admission is not None and admission.service is self else None
+
+    def require_ready(self) -> None:
+        """The readiness check, once per admitted request (a direct caller is checked on every call)."""
+        admission = self._admission()
+        if admission is not None and admission.ready_checked:
+            return
+        # Admitted before the drain began: served to its end.
+        if not (self._ready and admission is not None) and not self.ready:
             raise NotReady(
                 "model is draining" if self._draining else "model is not ready (cold start in progress)"
             )
+        if admission is not None:
+            admission.ready_checked = True
 
     def check(self, texts: Sequence[str], params: SynthesisParams) -> None:
-        """Reject bad input before it takes a place in the queue."""
+        """Reject bad input before it takes a place in the queue: readiness, the texts, the parameters."""
         self.require_ready()
         if not texts:
             raise BadRequest("no text given: send at least one item")
@@ -189,20 +201,32 @@ class TTSService:
                 )
             if not text_prep.has_pronounceable(text):
                 raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
-        self.check_params(params)
+        self._check_params(params)
 
     def check_params(self, params: SynthesisParams) -> None:
+        """Readiness and the parameters (seed, voice), for a route that checks them before any text (the
+        speech route, before its first byte); the request's engine calls then skip both."""
         self.require_ready()
+        self._check_params(params)
+
+    def _check_params(self, params: SynthesisParams) -> None:
+        admission = self._admission()
+        if admission is not None and admission.params_checked == params:
+            return
         assert self.engine is not None
         if params.seed is not None and not self.engine.supports_seed:
             raise BadRequest(
                 f"parameter seed needs ENGINE=torch; ENGINE={self.engine.name} cannot seed its noise"
             )
+        # The voice's one check: the engine's own calls skip it (Engine.synthesize_checked).
         self.engine.check_voice(params.voice)
+        if admission is not None:
+            admission.params_checked = params
 
     def _with_defaults(self, params: SynthesisParams) -> SynthesisParams:
-        if params.length_scale is None and self.settings.default_length_scale:
-            params = dataclasses.replace(params, length_scale=self.settings.default_length_scale)
+        default = self.settings.length_scale_default
+        if params.length_scale is None and default is not None:
+            params = dataclasses.replace(params, length_scale=default)
         return params
 
     async def stream(self, text: str, params: SynthesisParams) -> AsyncIterator[tuple[np.ndarray, bool]]:
@@ -219,41 +243,28 @@ class TTSService:
         sample_rate = self.engine.sample_rate
         pieces: asyncio.Queue[tuple[np.ndarray, bool] | None] = asyncio.Queue()
         spoken: list[np.ndarray] = []
-        self._in_flight += 1
-        metrics.IN_FLIGHT.inc()
-        future = None
-        try:
+        async with self._engine_call():
             future = self._batcher.submit(
                 [text], params, on_piece=lambda a, last: pieces.put_nowait((a, last))
             )
-            # Resolves after every piece was queued (same loop, FIFO): None marks the end.
-            future.add_done_callback(lambda _: pieces.put_nowait(None))
-            while (piece := await pieces.get()) is not None:
-                spoken.append(piece[0])
-                yield piece
-            _, engine_seconds = future.result()  # the engine's error, if it failed
-        finally:
-            if future is not None and not future.done():
-                future.cancel()
-            self._in_flight -= 1
-            metrics.IN_FLIGHT.dec()
-            async with self._idle:
-                self._idle.notify_all()
+            try:
+                # Resolves after every piece was queued (same loop, FIFO): None marks the end.
+                future.add_done_callback(lambda _: pieces.put_nowait(None))
+                while (piece := await pieces.get()) is not None:
+                    spoken.append(piece[0])
+                    yield piece
+                _, engine_seconds = future.result()  # the engine's error, if it failed
+            finally:
+                if not future.done():
+                    future.cancel()
         audio = np.concatenate(spoken) if spoken else np.zeros(0, dtype=np.float32)
-        records.capture([text], [audio], sample_rate)
-        seconds = len(audio) / sample_rate
-        metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
-        metrics.AUDIO_SECONDS.observe(seconds)
-        if seconds > 0:
-            metrics.REAL_TIME_FACTOR.observe(engine_seconds / seconds)
+        self._observe([text], [audio], sample_rate, engine_seconds)
 
     async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
         params = self._with_defaults(params)
         self.check(texts, params)
         assert self._batcher is not None and self.engine is not None
-        self._in_flight += 1
-        metrics.IN_FLIGHT.inc()
-        try:
+        async with self._engine_call():
             with tracing.tracer().start_as_current_span(
                 "synthesize", attributes={"tts.items": len(texts)}
             ) as span:
@@ -263,17 +274,34 @@ class TTSService:
                 )
                 span.set_attribute("tts.audio_seconds", result.audio_seconds)
                 span.set_attribute("tts.engine_seconds", engine_seconds)
+        for i, a in enumerate(audio):
+            if len(a) == 0:
+                raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
+        self._observe(texts, audio, result.sample_rate, engine_seconds)
+        return result
+
+    @contextlib.asynccontextmanager
+    async def _engine_call(self) -> AsyncIterator[None]:
+        """One engine call, unary or streamed alike, counted in tts_in_flight_requests and by the drain
+        (which also waits for calls of direct callers that were never admitted)."""
+        self._in_flight += 1
+        metrics.IN_FLIGHT.inc()
+        try:
+            yield
         finally:
             self._in_flight -= 1
             metrics.IN_FLIGHT.dec()
             async with self._idle:
                 self._idle.notify_all()
-        for i, a in enumerate(audio):
-            if len(a) == 0:
-                raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
-        records.capture(texts, audio, result.sample_rate)  # for this request's shadow record, if any
+
+    @staticmethod
+    def _observe(
+        texts: Sequence[str], audio: list[np.ndarray], sample_rate: int, engine_seconds: float
+    ) -> None:
+        """A finished engine call's audio into this request's shadow record (if any) and the metrics."""
+        records.capture(texts, audio, sample_rate)
+        seconds = sum(len(a) for a in audio) / sample_rate
         metrics.SYNTHESIS_SECONDS.observe(engine_seconds)
-        metrics.AUDIO_SECONDS.observe(result.audio_seconds)
-        if result.audio_seconds > 0:
-            metrics.REAL_TIME_FACTOR.observe(engine_seconds / result.audio_seconds)
-        return result
+        metrics.AUDIO_SECONDS.observe(seconds)
+        if seconds > 0:
+            metrics.REAL_TIME_FACTOR.observe(engine_seconds / seconds)

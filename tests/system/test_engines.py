@@ -14,8 +14,8 @@ import torch
 from predictor.config import ConfigError, load_settings
 from predictor.engine import device as devices
 from predictor.engine.base import SynthesisParams
-from predictor.engine.onnx import OnnxEngine
-from predictor.engine.torch import TorchEngine
+from predictor.engine.exported import OnnxEngine
+from predictor.engine.native import TorchEngine
 from predictor.errors import BadRequest, EngineError
 from testing.audio import check_samples
 from testing.predictor import run_synth
@@ -51,10 +51,8 @@ def test_torch_engine_matches_onnxruntime_without_noise(engines):
 
 @pytest.mark.parametrize("per_batch", [1, 16], ids=["one sentence per pass (CPU)", "padded batches (GPU)"])
 def test_texts_batched_together_equal_each_alone(engines, monkeypatch, per_batch):
-    from predictor.engine import torch as native
-
     torch_engine, _ = engines
-    monkeypatch.setitem(native.SENTENCES_PER_BATCH, "cpu", per_batch)
+    monkeypatch.setattr(torch_engine, "sentences_per_batch", per_batch)
 
     together = torch_engine.synthesize(TEXTS, QUIET)
     alone = [torch_engine.synthesize([t], QUIET)[0] for t in TEXTS]
@@ -64,12 +62,10 @@ def test_texts_batched_together_equal_each_alone(engines, monkeypatch, per_batch
 
 
 def test_seeded_audio_does_not_depend_on_batching(engines, monkeypatch):
-    from predictor.engine import torch as native
-
     torch_engine, _ = engines
     seeded = SynthesisParams(seed=99)
     one_by_one = torch_engine.synthesize(TEXTS, seeded)
-    monkeypatch.setitem(native.SENTENCES_PER_BATCH, "cpu", 16)
+    monkeypatch.setattr(torch_engine, "sentences_per_batch", 16)
 
     batched = torch_engine.synthesize(TEXTS, seeded)
 

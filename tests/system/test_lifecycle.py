@@ -114,7 +114,7 @@ def test_corrupted_object_keeps_model_not_ready(start_predictor, s3_server, voic
     logs = wait_for_log(predictor, "the model stays not ready")
     predictor.wait_live()  # the fetch fails on its own thread, possibly before the server listens
     assert "sha256" in logs
-    # Three whole-artifact attempts (serving/coldstart.py FETCH_ATTEMPTS): two retried, the third final.
+    # Three whole-artifact attempts (serving/coldstart.py ARTIFACT_RETRIES = 2): two retried, the third final.
     assert fetch_attempt_warnings(predictor) == ["fetch attempt 1/3 failed", "fetch attempt 2/3 failed"]
     assert predictor.get("/v2/models/tts/ready").status_code == 503
     assert predictor.get("/v2/health/live").status_code == 200
@@ -127,7 +127,7 @@ def test_a_corrupt_first_attempt_then_a_good_object_is_ready_after_exactly_two_a
     start_predictor, s3_server, voice_dir
 ):
     client = publish_corrupt_copy(s3_server, voice_dir, "repaired")
-    # The first retry waits FETCH_BACKOFF_S x 4 = 8 s: time to put the good weights back.
+    # The first retry waits FETCH_BACKOFF_S x 4 = 8 s +-50 % (coldstart.artifact_policy): time to put the good weights back.
     predictor = start_predictor(wait=False, STORAGE_URI="s3://voices/repaired", FETCH_BACKOFF_S="2")
     wait_for_log(predictor, "fetch attempt 1/3 failed")
     client.upload_file(str(voice_dir / "model.safetensors"), "voices", "repaired/model.safetensors")

@@ -1,6 +1,6 @@
 """Memory is returned: after long requests, resident memory goes back near its warm size once idle.
 
-Measured on the torch engine (tests/README.md, README "Reliability"): an 800-character request took a
+Measured on the torch engine (tests/README.md, docs/reliability.md, "Memory"): an 800-character request took a
 warm predictor from 398 to 771 MiB, a second to 912 MiB, and nothing came back while idle; glibc's
 malloc_trim brought it to 457 MiB. The growth is freed heap that glibc's arenas keep, not a leak.
 """

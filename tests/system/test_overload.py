@@ -29,7 +29,7 @@ def test_four_times_capacity_gets_only_200_or_503_with_retry_after_bounded_laten
     report = overload(predictor.url, predictor.proc.pid, SHORT, LONG, duration_s=40, settle_s=10)
 
     summary = report.summary()
-    print("overload:", summary)  # the figures README "Reliability" quotes (pytest -s)
+    print("overload:", summary)  # the figures docs/reliability.md ("Overload") quotes (pytest -s)
     assert set(report.statuses) <= {200, 503}, summary
     assert report.statuses[503] > 0, f"4x capacity never filled the queue: {summary}"
     assert report.refused_without_retry_after == 0, summary

@@ -46,7 +46,7 @@ def speech(voice_dir: Path) -> tuple[list[np.ndarray], int]:
     return engine.synthesize(texts, SynthesisParams(noise_scale=0.0, noise_w=0.0)), engine.sample_rate
 
 
-# Which estimate each degradation lowers, as measured on these sentences (README, Quality (MOS)):
+# Which estimate each degradation lowers, as measured on these sentences (docs/canary.md, Quality (MOS)):
 # noise lowers both; band limits lower P.808 and leave OVRL; clipping lowers OVRL.
 DEGRADATIONS = {
     "white noise at 10 dB SNR": (lambda x, sr: degrade.add_noise(x, 10), ("p808", "ovrl")),

@@ -24,8 +24,8 @@ import tritonclient.grpc as triton_grpc
 from predictor.config import ConfigError, load_settings
 from predictor.engine import phonemes, windows
 from predictor.engine.base import StreamWindows, SynthesisParams
-from predictor.engine.onnx import OnnxEngine
-from predictor.engine.torch import TorchEngine
+from predictor.engine.exported import OnnxEngine
+from predictor.engine.native import TorchEngine
 from predictor.engine.vits import VitsConfig
 from predictor.serving.batcher import Batcher
 

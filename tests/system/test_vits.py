@@ -20,16 +20,10 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from safetensors.torch import load_file
 
-from predictor.engine.convert import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    ConversionError,
-    load_vits,
-    onnx_to_state_dict,
-    write_safetensors,
-)
+from predictor.engine.convert import ConversionError, onnx_to_state_dict, write_safetensors
 from predictor.engine.phonemes import sentence_ids
 from predictor.engine.vits import Vits, VitsConfig
+from predictor.engine.voice_files import CONFIG_FILE, WEIGHTS_FILE, load_vits
 
 TEXTS = {
     "one_word": "Hello.",

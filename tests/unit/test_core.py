@@ -552,3 +552,41 @@ def test_default_length_scale_applies_only_where_the_request_sets_none() -> None
     assert default.sample_rate == 16_000
     assert default.audio_seconds == len(default.audio[0]) / 16_000
     assert len(own.audio[0]) == FakeEngine.samples_for("Own pace.", 0.5)
+
+
+# --- checks once per request ---------------------------------------------------------------------
+class VoiceCountingEngine(FakeEngine):
+    """Counts the voice checks; serves one voice besides the default."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.voice_checks = 0
+
+    @property
+    def voices(self) -> list[str]:
+        return ["fake-voice", "narrator"]
+
+    def check_voice(self, voice: str | None) -> None:
+        self.voice_checks += 1
+        super().check_voice(voice)
+
+
+def test_an_admitted_request_checks_its_voice_once_however_many_engine_calls_it_makes() -> None:
+    engine = VoiceCountingEngine()
+    service = make_service(engine)
+    params = SynthesisParams(voice="narrator", noise_scale=0.0, noise_w=0.0)
+
+    async def main() -> tuple[int, int]:
+        async with service.admit("rid-1", "/v1/audio/speech"):
+            service.check_params(params)  # what the speech route does before its first byte
+            for segment in ("One segment.", "Another one.", "A third."):
+                await service.synthesize([segment], params)
+        admitted = engine.voice_checks
+        await service.synthesize(["Not admitted."], params)  # a direct caller: checked on each call
+        await service.synthesize(["Again."], params)
+        return admitted, engine.voice_checks - admitted
+
+    admitted, direct = run(main)
+
+    assert admitted == 1, f"the admitted request checked its voice {admitted} times"
+    assert direct == 2

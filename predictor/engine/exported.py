@@ -1,6 +1,6 @@
 """Piper/VITS voices on onnxruntime: Piper's exported graph, in two parts.
 
-The artifact holds the graph split at publish (engine/convert.split_onnx): encoder.onnx (text encoder,
+The artifact holds the graph split at publish (engine/convert.split_onnx; file names in engine/voice_files): encoder.onnx (text encoder,
 durations, flow: phoneme ids -> latent frames) and decoder.onnx (HiFi-GAN: latent -> audio). A whole
 synthesis runs one after the other, every node once, as the whole graph would; a streamed one runs
 the decoder over frame windows (engine/windows.py). An artifact without the parts (published before
@@ -20,15 +20,7 @@ import onnxruntime
 
 from predictor.engine import phonemes, windows
 from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
-from predictor.engine.convert import (
-    CONFIG_FILE,
-    DECODER_ONNX,
-    ENCODER_ONNX,
-    LATENT_NAME,
-    infer_config,
-    read_config,
-    split_onnx,
-)
+from predictor.engine.voice_files import CONFIG_FILE, DECODER_ONNX, ENCODER_ONNX, LATENT_NAME, read_config
 from predictor.errors import EngineError
 
 
@@ -67,6 +59,9 @@ class OnnxEngine(PiperEngine):
                 parts: list[str | bytes] = [str(model_dir / ENCODER_ONNX), str(model_dir / DECODER_ONNX)]
                 config = read_config(model_dir)
             else:
+                # Published before the split existed: publish's conversion, run here in memory.
+                from predictor.engine.convert import infer_config, split_onnx
+
                 encoder, decoder = split_onnx(model_dir / "model.onnx")
                 parts = [encoder.SerializeToString(), decoder.SerializeToString()]
                 has_config = (model_dir / CONFIG_FILE).exists()
@@ -81,7 +76,7 @@ class OnnxEngine(PiperEngine):
         self._hop = config.hop_length
 
     def _speaker_id(self, voice: str | None) -> int | None:
-        self.check_voice(voice)
+        # The voice was checked by synthesize / stream, or by the service for the whole request.
         if self.voice.num_speakers <= 1:
             return None
         return self.voice.speakers.get(voice, 0) if voice else 0
@@ -97,7 +92,7 @@ class OnnxEngine(PiperEngine):
             dtype=np.float32,
         )
 
-    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+    def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         voice = self.voice
         speaker = self._speaker_id(params.voice)
         scales = self._scales(params)
@@ -110,7 +105,7 @@ class OnnxEngine(PiperEngine):
             out.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32))
         return out
 
-    def stream(
+    def stream_checked(
         self, text: str, params: SynthesisParams, sizes: StreamWindows
     ) -> Iterator[tuple[np.ndarray, bool]]:
         voice = self.voice

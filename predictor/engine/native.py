@@ -1,7 +1,7 @@
 """Piper/VITS voices on our own PyTorch graph (engine/vits.py), loaded from safetensors.
 
 On a GPU, the sentences of all texts in a request share padded batches (sorted by length, so padding
-stays small); on CPU they run one by one (see SENTENCES_PER_BATCH). Every sentence comes back trimmed
+stays small); on CPU they run one by one (config.device_batch_size). Every sentence comes back trimmed
 to its own duration sum x hop length and the sentences of each text are joined in order. A request's
 `seed` seeds one generator per sentence, so the audio is reproducible whatever shares the batch.
 """
@@ -15,28 +15,33 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from predictor.config import device_batch_size
 from predictor.engine import device as devices
 from predictor.engine import phonemes, windows
 from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
-from predictor.engine.convert import load_vits
 from predictor.engine.vits import Vits
+from predictor.engine.voice_files import load_vits
 from predictor.errors import EngineError
 
 log = logging.getLogger("predictor.engine.native")
-
-# Sentences per forward pass, by device. On CPU a padded batch lost throughput in every measurement
-# (`python -m bench engines`: batches of 4 and 8 sentences gave 0.5x the audio per second of running
-# them one by one; oneDNN's convolutions are already parallel over time), so the CPU runs one sentence
-# at a time. On a GPU a batch fills the card; the cap bounds activation memory (batch x frames x 256).
-SENTENCES_PER_BATCH = {"cpu": 1, "cuda": 16}
 
 
 class TorchEngine(PiperEngine):
     name = "torch"
     supports_seed = True
 
-    def __init__(self, device: str, dtype: str, threads: int, gpu_memory_fraction: float, compile: bool):
+    def __init__(
+        self,
+        device: str,
+        dtype: str,
+        threads: int,
+        gpu_memory_fraction: float,
+        compile: bool,
+        sentences_per_batch: int | None = None,
+    ):
         self.plan = devices.plan(device, dtype, threads, gpu_memory_fraction)
+        # Sentences per forward pass: the device's measured best unless a caller (bench, tests) sets it.
+        self.sentences_per_batch = sentences_per_batch or device_batch_size(device)
         self._compile = compile
         self._model: Vits | None = None
         phonemes.prepare()
@@ -64,9 +69,8 @@ class TorchEngine(PiperEngine):
             # (under ~1.2 s) gets a graph of its own, built here rather than on a user's request.
             self.synthesize(["Hi."], quiet)
 
-    def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+    def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         voice = self.voice
-        self.check_voice(params.voice)
         # (text index, phoneme ids) for every sentence, in reading order.
         sentences = [
             (i, ids)
@@ -76,7 +80,7 @@ class TorchEngine(PiperEngine):
         audio: list[np.ndarray | None] = [None] * len(sentences)
         # Sorted by length, so a batch pads its sentences to similar lengths.
         order = sorted(range(len(sentences)), key=lambda k: len(sentences[k][1]), reverse=True)
-        per_batch = SENTENCES_PER_BATCH[self.plan.device.type]
+        per_batch = self.sentences_per_batch
         for start in range(0, len(order), per_batch):
             batch = order[start : start + per_batch]
             for k, pcm in zip(
@@ -89,7 +93,7 @@ class TorchEngine(PiperEngine):
             out[i].append(sentence_audio)
         return [np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32) for parts in out]
 
-    def stream(
+    def stream_checked(
         self, text: str, params: SynthesisParams, sizes: StreamWindows
     ) -> Iterator[tuple[np.ndarray, bool]]:
         """Per sentence: text encoder, durations and flow at once, then the decoder window by window.
@@ -98,7 +102,6 @@ class TorchEngine(PiperEngine):
         the same audio as the seeded whole."""
         assert self._model is not None
         voice, device, model = self.voice, self.plan.device, self._model
-        self.check_voice(params.voice)
         sentences = list(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map))
         hop = model.config.hop_length
         if not sentences:

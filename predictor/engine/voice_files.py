@@ -1,0 +1,45 @@
+"""A published voice's files as the engines read them at load: their names and the runtime loaders.
+
+Publish (artifact/publish.py with engine/convert.py) writes these files; a serving process only
+reads them, so nothing here converts or splits a graph.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from predictor.engine.vits import Vits, VitsConfig
+
+CONFIG_FILE = "vits.json"
+WEIGHTS_FILE = "model.safetensors"
+# Piper's graph cut at the generator's input: text -> latent (encoder, durations, flow) and
+# latent -> audio (the HiFi-GAN generator), for chunked decoding.
+ENCODER_ONNX = "encoder.onnx"
+DECODER_ONNX = "decoder.onnx"
+LATENT_NAME = "latent"  # the cut tensor's name in both parts
+
+
+def read_config(model_dir: str | Path) -> VitsConfig:
+    """The voice's VitsConfig from vits.json."""
+    return VitsConfig.from_dict(json.loads((Path(model_dir) / CONFIG_FILE).read_text(encoding="utf-8")))
+
+
+def load_vits(
+    model_dir: str | Path, device: str | torch.device = "cpu", decoder_dtype: torch.dtype | None = None
+) -> Vits:
+    """Build Vits from vits.json + model.safetensors (mmapped on CPU), strict load, eval mode.
+
+    (Building on the meta device and assigning the loaded tensors would skip the ~0.15 s random
+    init, but torch's first meta-device construction costs ~2 s, so this copies.)
+    """
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    state = load_file(str(model_dir / WEIGHTS_FILE), device=str(device))
+    vits = Vits(config, decoder_dtype=decoder_dtype).to(device)
+    vits.load_state_dict(state, strict=True)
+    return vits.eval()
