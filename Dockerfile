@@ -5,7 +5,7 @@
 #                     --build-arg RUNTIME_BASE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04 \
 #                     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 \
 #                     --build-arg ORT_PACKAGE=onnxruntime-gpu .
-# Without a Docker engine or registry: `make image` (podman, a base from Debian packages; see README).
+# Without a Docker engine or registry: `make image` (podman, a base from Debian packages; see docs/deployment.md).
 ARG RUNTIME_BASE=python:3.11-slim-bookworm
 
 FROM python:3.11-slim-bookworm AS build

@@ -94,7 +94,7 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
 
-# docs/settings.md, rendered from Settings (predictor/config.py); tests/test_config.py fails when the
+# docs/settings.md, rendered from Settings (predictor/config.py); tests/unit/test_config.py fails when the
 # committed file differs from what this writes.
 docs: install
 	$(BIN)/python -m predictor.config --markdown > docs/settings.md

@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tts-predictor", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
 
-    sub.add_parser("serve", help="run the predictor (configured by environment variables; see README)")
+    sub.add_parser(
+        "serve", help="run the predictor (configured by environment variables; see docs/settings.md)"
+    )
 
     p = sub.add_parser("publish", help="build the default voice's artifact and upload it")
     p.add_argument("--to", required=True, help="s3://BUCKET/PREFIX, file:///path or a path")

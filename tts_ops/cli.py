@@ -182,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--manifests", required=True, help="a kustomization: knative/overlays/cpu, keda/overlays/gpu, ..."
     )
     p.add_argument(
-        "--trace", required=True, help="CSV `t,chars` or a generator (poisson:rate=R,... see README)"
+        "--trace",
+        required=True,
+        help="CSV `t,chars` or a generator (poisson:rate=R,... see docs/deployment.md)",
     )
     p.add_argument("--profile", help="profile JSON (default: the shipped cpu-2core profile)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one setting (repeatable)")

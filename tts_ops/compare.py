@@ -31,7 +31,7 @@ class CompareError(Exception):
 # The MOS estimates compare reads from records (predictor.shadow.recorder.MOS_FIELDS), with their
 # names; --max-mos-drop judges each. Both, because on the default voice each misses what the other
 # sees: P.808 falls under band limiting (low-pass, 8 kHz) where OVRL stays put, OVRL falls under
-# clipping where P.808 may not (README, Quality (MOS)).
+# clipping where P.808 may not (docs/canary.md, Quality (MOS)).
 MOS_NAMES = {"mos_p808": "MOS P.808", "mos_ovrl": "MOS P.835 OVRL"}
 # Fewest pairs scored on both sides for a MOS verdict. Two unseeded renditions of one text differ in
 # P.808 by sd ~0.13 on the default voice (bench quality: 0.09 within a text, x sqrt 2), so 20 pairs

@@ -4,7 +4,7 @@ There is no cluster here, so every claim about knative/ and keda/ (with the shar
 three ways:
 
 * Rendering: tts_ops.kustomize (`kubectl kustomize` when kubectl is on PATH, else its own
-  renderer for the part of kustomize these manifests use). tests/test_manifests.py checks that the
+  renderer for the part of kustomize these manifests use). tests/system/test_manifests.py checks that the
   two agree wherever kubectl exists.
 * Schemas: CRD kinds against ../shared/schemas made strict (closed root, ObjectMeta checked, nodes
   marked x-kubernetes-preserve-unknown-fields reopened); core kinds with kubernetes-validate in strict

@@ -6,7 +6,7 @@ and that document is left as KServe builds it. This one is written by hand from 
 accept: the v2 routes with the Open Inference Protocol's schemas (KServe's `rest_predict_v2.yaml`:
 inference_request, request_input, tensor_data, metadata_model_response, ...), the v1 routes, the
 speech route, health, metrics. CloudEvents and the binary tensor extension ride on headers and raw
-bodies that OpenAPI cannot express; tests/test_fuzz.py covers them with hypothesis.
+bodies that OpenAPI cannot express; tests/system/test_fuzz.py covers them with hypothesis.
 
 Path parameters are enums of the served name and version, so that generated valid requests reach the
 handlers (any other value is a 404, which generated invalid requests exercise).

@@ -115,7 +115,7 @@ def _remove(path: str) -> Callable[[dict], None]:
 
 
 MUTATIONS = [
-    # One per domain whose keys the lint knows from upstream source (tools/manifests.py KNOWN_KEYS).
+    # One per domain whose keys the lint knows from upstream source (tts_ops/manifests.py KNOWN_KEYS).
     (
         "keda annotation typo",
         "keda/overlays/cpu",

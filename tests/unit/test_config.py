@@ -20,7 +20,7 @@ from predictor.config import (
 )
 
 HOST = len(os.sched_getaffinity(0))
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cgroup_v2_quota_sets_the_thread_count(tmp_path):
