@@ -144,6 +144,17 @@ def test_malformed_cloudevent_gets_400(predictor, headers, data, reason):
     assert reason in response.json()["error"]
 
 
+@pytest.mark.parametrize("body", [b'{"text": ', b"[" * 2000], ids=["cut short", "nested too deep"])
+def test_binary_cloudevent_whose_data_is_not_json_gets_400_saying_so_plainly(predictor, body):
+    headers = {**EVENT, "ce-type": "dev.tts-predictor.synthesize.v1"}
+    response = predictor.post("/v1/models/tts:predict", headers=headers, content=body)
+
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error.startswith("event data is not valid JSON: "), error
+    assert "BadRequest" not in error and "unmarshall" not in error
+
+
 def test_structured_cloudevent_that_is_not_json_gets_400(predictor):
     response = predictor.post(
         "/v1/models/tts:predict",

@@ -118,6 +118,9 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     try:
         event = from_http(dict(headers), body, data_unmarshaller=_json_data)
     except (CloudEventError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+        if isinstance(exc.__context__, BadRequest):
+            # Our data unmarshaller's own answer, which the SDK wraps in a message quoting its repr.
+            raise exc.__context__ from None
         raise BadRequest(f"malformed CloudEvent: {exc}") from None
     if event["type"] != settings.ce_request_type:
         raise BadRequest(
