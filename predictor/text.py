@@ -38,6 +38,11 @@ _QUOTE_MAP = str.maketrans(
 # they change how Indic, Persian and emoji text is read.
 _INVISIBLE_CHARS = frozenset("\u00ad\u200b\u2060\ufeff")
 
+# Unicode's Stream-Safe Text Format (UAX #15) allows at most 30 combining marks in a row; no script
+# needs more, and past that they only multiply work ("a" with 2,000 accents is one letter). Together
+# with segmentation never splitting a letter from its marks, a grapheme is at most 31 characters.
+MAX_COMBINING_RUN = 30
+
 # The line breaks str.splitlines() knows; every one of them ends a segment.
 _LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 _LINE_BREAK_RUN = re.compile(f"\\s*[{_LINE_BREAKS}]\\s*")
@@ -59,17 +64,32 @@ def normalize(text: str) -> str:
     """Text in the form espeak-ng reads best, with line breaks kept (each one ends a segment).
 
     NFC composition; control characters (NUL included) and lone surrogates become spaces and invisible in-word characters are removed;
+    combining marks past MAX_COMBINING_RUN in a row are dropped;
     curly quotes become ASCII quotes; a dash between words becomes a comma pause (between digits, a
     hyphen: "1990–2000" is a range); runs of spaces become one space, runs of whitespace containing a
     line break become one newline; the ends are stripped. CJK text is not changed.
     """
     text = unicodedata.normalize("NFC", text)
-    text = "".join(_clean_char(ch) for ch in text)
+    text = _clean(text)
     text = text.translate(_QUOTE_MAP)
     text = _collapse_whitespace(text)
     text = _DASH.sub(_replace_dash, text)
     # Replacing dashes can leave spaces next to line breaks or doubled ones: collapse again.
     return _collapse_whitespace(text)
+
+
+def _clean(text: str) -> str:
+    out = []
+    marks = 0  # combining marks in a row so far
+    for ch in text:
+        if unicodedata.combining(ch):
+            marks += 1
+            if marks > MAX_COMBINING_RUN:
+                continue
+        else:
+            marks = 0
+        out.append(_clean_char(ch))
+    return "".join(out)
 
 
 def _clean_char(ch: str) -> str:
@@ -200,8 +220,9 @@ def has_pronounceable(text: str) -> bool:
 
 
 def _is_pronounceable(ch: str) -> bool:
-    # Symbols count ("$", "%", emoji): espeak-ng reads them. Punctuation and whitespace alone it does not.
-    return not ch.isspace() and not unicodedata.category(ch).startswith("P")
+    # Symbols count ("$", "%", emoji): espeak-ng reads them. Punctuation and whitespace alone it does
+    # not, nor combining marks: a mark is pronounced only with the letter it sits on.
+    return not ch.isspace() and unicodedata.category(ch)[0] not in "PM"
 
 
 def _has_pronounceable(text: str, start: int, end: int) -> bool:

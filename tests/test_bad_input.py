@@ -197,3 +197,19 @@ def test_more_texts_than_max_batch_items_get_400_naming_the_limit(plain_predicto
     assert at_limit.status_code == 200, at_limit.text
     assert over.status_code == 400
     assert "3 texts" in over.json()["error"] and "MAX_BATCH_ITEMS=2" in over.json()["error"]
+
+
+def test_a_letter_under_two_thousand_accents_costs_one_engine_call_on_the_speech_route(predictor):
+    # Issue 25's attack: 1,701 one-character segments kept a core busy for about seven minutes.
+    calls_before = predictor.metric("tts_batch_size_count")
+    engine_before = predictor.metric("tts_synthesis_seconds_sum")
+
+    response = predictor.post(
+        "/v1/audio/speech",
+        json={"model": "tts", "input": "a" + "\u0301" * 2000, "response_format": "wav"},
+        timeout=30,
+    )
+
+    assert response.status_code == 200, response.text
+    assert predictor.metric("tts_batch_size_count") - calls_before == 1
+    assert predictor.metric("tts_synthesis_seconds_sum") - engine_before < 1.0

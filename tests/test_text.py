@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import inspect
+import math
 import random
 import time
+import unicodedata
 
 import numpy as np
 import pytest
 
 from predictor.audio.crossfade import CrossfadeJoiner, join
-from predictor.text import iter_segments, normalize, split_segments
+from predictor.text import MAX_COMBINING_RUN, has_pronounceable, iter_segments, normalize, split_segments
 
 SAMPLE_RATE = 22050
 FADE_MS = 50.0
@@ -323,3 +325,44 @@ def test_join_of_one_segment_returns_it_and_of_none_returns_empty():
 def test_joiner_rejects_multichannel_audio():
     with pytest.raises(ValueError, match="expected mono 1-D audio"):
         CrossfadeJoiner(SAMPLE_RATE).push(np.zeros((2, 100), dtype=np.float32))
+
+
+# --- combining marks: a letter with its marks is one unit ----------------------------------------
+
+ACCENT = "\u0301"  # combining acute accent
+
+
+@pytest.mark.parametrize("marks", [2_000, 49_999])
+def test_a_letter_under_thousands_of_accents_is_one_short_segment_found_quickly(marks):
+    # The attack from issue 25: 2 KB of accents was 1,701 one-character segments, one engine call each.
+    started = time.perf_counter()
+    normalized = normalize("a" + ACCENT * marks)
+    segments = split_segments(normalized, 300)
+    elapsed = time.perf_counter() - started
+
+    assert normalized == "\u00e1" + ACCENT * MAX_COMBINING_RUN  # NFC composes the first accent: á
+    assert segments == [normalized]
+    assert elapsed < 0.5
+
+
+def test_combining_marks_alone_are_nothing_to_speak():
+    assert not has_pronounceable(normalize(ACCENT * 40))
+    assert split_segments(normalize(ACCENT * 40), 300) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["नमस्ते दुनिया", "Tiếng Việt có dấu", "e\u0301te\u0301 a\u0300 Paris", "שָׁלוֹם עוֹלָם"],
+    ids=["hindi", "vietnamese", "decomposed-french", "hebrew-points"],
+)
+def test_ordinary_combining_marks_are_kept(text):
+    assert normalize(text) == unicodedata.normalize("NFC", text)
+
+
+def test_segments_never_separate_a_letter_from_its_marks():
+    word = ("e" + ACCENT * 3) * 40  # 160 characters, no space to cut at: hard cuts only
+    segments = split_segments(normalize(f"{word} {word}"), 50)
+
+    assert all(not unicodedata.combining(segment[0]) for segment in segments)
+    assert "".join(segments).replace(" ", "") == normalize(word + word)
+    assert len(segments) <= 2 * math.ceil(len(word) * 2 / 50)
