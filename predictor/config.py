@@ -357,12 +357,20 @@ class Settings(BaseSettings):
         "connection is closed. A client sending one byte a second holds a socket, never the engine. "
         "Default: a whole MAX_REQUEST_BYTES body at ~1.1 Mbit/s.",
     )
+    head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Longest a client may take to send a request head, seconds, from connecting or from "
+        "its first byte after a response; then the connection is closed. Heads come in one piece from "
+        "proxies and clients alike; stalled ones would otherwise hold sockets forever.",
+    )
     max_connections: int = Field(
         1000,
         ge=1,
-        description="Most concurrent HTTP connections and in-progress requests (uvicorn limit_concurrency) "
-        "and concurrent gRPC calls; beyond it 503 / RESOURCE_EXHAUSTED. Bounds sockets and memory, "
-        "not synthesis (MAX_QUEUE does that). Default: far above MAX_QUEUE, so the queue sheds load first.",
+        description="Most concurrent HTTP connections and in-progress requests and concurrent gRPC calls; "
+        "beyond it 503 with Retry-After / RESOURCE_EXHAUSTED, except for the health, readiness and metrics "
+        "paths, which are always answered. Bounds sockets and memory, not synthesis (MAX_QUEUE does that). "
+        "Default: far above MAX_QUEUE, so the queue sheds load first.",
     )
     keepalive_timeout_s: float = Field(
         65.0,
