@@ -10,6 +10,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from predictor.observability import logs
 from testing.bodies import v2_request
 
 GOOD = v2_request("Still serving.")
@@ -213,3 +214,26 @@ def test_a_letter_under_two_thousand_accents_costs_one_engine_call_on_the_speech
     assert response.status_code == 200, response.text
     assert predictor.metric("tts_batch_size_count") - calls_before == 1
     assert predictor.metric("tts_synthesis_seconds_sum") - engine_before < 1.0
+
+
+def _new_log_lines(predictor, before: int) -> list[dict]:
+    return [json.loads(line) for line in predictor.logs().splitlines()[before:] if line.strip()]
+
+
+def test_repeated_client_errors_log_a_few_lines_without_a_traceback(predictor):
+    before = len(predictor.logs().splitlines())
+    client = triton_grpc.InferenceServerClient(predictor.grpc)
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Hello."], dtype=object))
+
+    for _ in range(20):
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("no-such-model", [text])
+        assert "NOT_FOUND" in str(caught.value.status())
+        assert predictor.post("/v2/models/tts/infer", json={"inputs": []}).status_code == 400
+
+    lines = _new_log_lines(predictor, before)
+    assert not [line for line in lines if "exc" in line], "a client error was logged with a traceback"
+    # 40 bad requests: the gRPC ones log one line each up to the burst, REST 400s none.
+    assert 1 <= len(lines) <= logs.CLIENT_ERROR_BURST, lines
+    assert all(line["logger"] == "predictor.client_errors" and "NOT_FOUND" in line["msg"] for line in lines)
