@@ -249,6 +249,20 @@ class Settings(BaseSettings):
         description="Longest input of /v1/audio/speech, characters. Default: a chapter; memory stays "
         "bounded by one segment, since the route synthesizes segment by segment.",
     )
+    max_engine_calls: int = Field(
+        1_000,
+        ge=1,
+        description="Most engine calls one request may make (the speech route makes one per segment); "
+        "beyond it 413 before any synthesis. Default: a 50,000-character chapter of ordinary sentences "
+        "makes about 500; a text of 12,500 'Hi.'s would make 12,500.",
+    )
+    max_request_audio_s: float = Field(
+        6_000.0,
+        gt=0,
+        description="Most audio one request may ask for, seconds, bounded from its text before synthesis "
+        "(0.1 s per character x length_scale; the default voice speaks about 0.06 s per character); "
+        "beyond it 413. Default: MAX_STREAM_TEXT_CHARS at normal speed with a 20 % margin.",
+    )
 
     # --- speech route (/v1/audio/speech) ---
     max_segment_chars: int = Field(
@@ -633,7 +647,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "s3_read_timeout_s",
     ),
     "Engine": ("engine", "device", "dtype", "compile", "gpu_memory_fraction", "cpu_threads", "warmup_text"),
-    "Request limits": ("max_text_chars", "max_batch_items", "max_stream_text_chars"),
+    "Request limits": (
+        "max_text_chars",
+        "max_batch_items",
+        "max_stream_text_chars",
+        "max_engine_calls",
+        "max_request_audio_s",
+    ),
     "Speech route": ("max_segment_chars", "crossfade_ms", "model_aliases", "voice_aliases"),
     "Streaming": ("stream_first_window_frames", "stream_window_frames"),
     "Batching and queue": (
@@ -648,6 +668,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_header_bytes",
         "max_header_count",
         "body_timeout_s",
+        "head_timeout_s",
         "max_connections",
         "keepalive_timeout_s",
     ),

@@ -144,7 +144,12 @@ SPOKEN_SECONDS_PER_CHAR_BOUND = 0.1
 
 def spoken_seconds_bound(text: str, length_scale: float = 1.0) -> float:
     """Seconds of audio ``text`` should not exceed at ``length_scale`` (see SPOKEN_SECONDS_PER_CHAR_BOUND)."""
-    return len(text) * SPOKEN_SECONDS_PER_CHAR_BOUND * length_scale
+    return spoken_seconds_bound_chars(len(text), length_scale)
+
+
+def spoken_seconds_bound_chars(chars: int, length_scale: float = 1.0) -> float:
+    """``spoken_seconds_bound`` of a text of ``chars`` characters."""
+    return chars * SPOKEN_SECONDS_PER_CHAR_BOUND * length_scale
 
 
 # --- segmentation ----------------------------------------------------------------------------------

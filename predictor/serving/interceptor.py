@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
@@ -58,6 +59,7 @@ _GRPC_AS_HTTP = {
     StatusCode.RESOURCE_EXHAUSTED: 413,
     StatusCode.UNAVAILABLE: 503,
     StatusCode.UNIMPLEMENTED: 501,
+    StatusCode.CANCELLED: 499,  # nginx's "client closed request", as the REST middleware records it
 }
 
 
@@ -89,6 +91,11 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
                 async with self._service.admit(rid, "grpc:" + name):
                     return await super().intercept(method, request_or_iterator, context, method_name)
             return await super().intercept(method, request_or_iterator, context, method_name)
+        except asyncio.CancelledError:
+            # The client cancelled or went away: grpc cancels the handler, which stops its work at
+            # the next engine call or window.
+            code = StatusCode.CANCELLED
+            raise
         except BaseException:
             code = context.code() or StatusCode.UNKNOWN
             raise
