@@ -375,8 +375,8 @@ class Settings(BaseSettings):
         10.0,
         gt=0,
         description="Longest a client may take to send a request head, seconds, from connecting or from "
-        "its first byte after a response; then the connection is closed. Heads come in one piece from "
-        "proxies and clients alike; stalled ones would otherwise hold sockets forever.",
+        "its first byte after a response; then the connection is closed. Default: heads come in one piece "
+        "from proxies and clients alike, so 10 s is slack for any real client and short for a stalled one.",
     )
     max_connections: int = Field(
         1000,

@@ -237,3 +237,22 @@ def test_repeated_client_errors_log_a_few_lines_without_a_traceback(predictor):
     # 40 bad requests: the gRPC ones log one line each up to the burst, REST 400s none.
     assert 1 <= len(lines) <= logs.CLIENT_ERROR_BURST, lines
     assert all(line["logger"] == "predictor.client_errors" and "NOT_FOUND" in line["msg"] for line in lines)
+
+
+def test_a_speed_that_is_not_a_number_is_400_saying_it_must_be_finite(predictor):
+    body = b'{"model": "tts", "input": "Hello.", "speed": NaN}'
+
+    response = predictor.post("/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+
+    assert response.status_code == 400, response.text
+    assert "speed" in response.json()["error"] and "finite" in response.json()["error"]
+
+
+@pytest.mark.parametrize("seed", [2**80, -1])
+def test_a_seed_outside_64_bits_is_400_naming_the_range(predictor, seed):
+    response = predictor.post(
+        "/v2/models/tts/infer", json={**v2_request("Hello."), "parameters": {"seed": seed}}
+    )
+
+    assert response.status_code == 400, response.text
+    assert "seed must be an integer from 0 to 2**64-1" in response.json()["error"]

@@ -59,9 +59,13 @@ def _grpc_stream(p: PredictorProcess, text: str) -> list:
 ROUTES = {
     "v2 REST": lambda p, t: p.post("/v2/models/tts/infer", json=v2_request(t)),
     "v1": lambda p, t: p.post("/v1/models/tts:predict", json={"instances": [{"text": t}]}),
-    "speech": lambda p, t: p.post("/v1/audio/speech", json={"model": "tts", "input": t, "response_format": "wav"}),
+    "speech": lambda p, t: p.post(
+        "/v1/audio/speech", json={"model": "tts", "input": t, "response_format": "wav"}
+    ),
     "event": lambda p, t: p.post(
-        "/v1/models/tts:predict", headers=cloudevent_headers(f"cost-{time.monotonic_ns()}"), content=json.dumps({"text": t})
+        "/v1/models/tts:predict",
+        headers=cloudevent_headers(f"cost-{time.monotonic_ns()}"),
+        content=json.dumps({"text": t}),
     ),
 }
 
@@ -96,7 +100,9 @@ def test_a_speech_input_of_more_segments_than_max_engine_calls_is_413_before_any
 
     refused = bounded.post("/v1/audio/speech", json={"model": "tts", "input": over, "response_format": "wav"})
     calls_refused = _engine_calls(bounded) - before
-    served = bounded.post("/v1/audio/speech", json={"model": "tts", "input": at_limit, "response_format": "wav"})
+    served = bounded.post(
+        "/v1/audio/speech", json={"model": "tts", "input": at_limit, "response_format": "wav"}
+    )
 
     assert refused.status_code == 413, refused.text
     assert "6 engine calls" in refused.json()["error"] and "MAX_ENGINE_CALLS=5" in refused.json()["error"]
@@ -105,12 +111,27 @@ def test_a_speech_input_of_more_segments_than_max_engine_calls_is_413_before_any
     assert _engine_calls(bounded) - before == MAX_ENGINE_CALLS
 
 
+def _probe_seconds(p: PredictorProcess, until: float) -> list[float]:
+    seconds = []
+    while time.monotonic() < until:
+        started = time.monotonic()
+        assert p.get("/v2/health/live", timeout=5).status_code == 200
+        seconds.append(time.monotonic() - started)
+        time.sleep(0.02)
+    return sorted(seconds)
+
+
+def _p99(sorted_seconds: list[float]) -> float:
+    return sorted_seconds[int(len(sorted_seconds) * 0.99)]
+
+
 def test_liveness_answers_within_100_ms_while_the_largest_bodies_are_decoded_over_rest_and_grpc(bounded):
     # The bodies issue 25 found holding the loop for seconds: one text of about four million
     # characters (refused for MAX_TEXT_CHARS), and the most texts the limits admit, each at the
-    # longest MAX_TEXT_CHARS allows, normalized and then refused for their audio.
+    # longest MAX_TEXT_CHARS allows, normalized and then refused for their audio. Encoded once, so the
+    # senders spend their time on the wire, not on this process's GIL beside the probes.
     huge = "a " * 1_900_000
-    widest = v2_request(*(["word " * 400] * 64))
+    bodies = [json.dumps(v2_request(huge)).encode(), json.dumps(v2_request(*(["word " * 400] * 64))).encode()]
     stop = threading.Event()
     errors: list[str] = []
 
@@ -123,30 +144,30 @@ def test_liveness_answers_within_100_ms_while_the_largest_bodies_are_decoded_ove
             except Exception as exc:
                 errors.append(repr(exc))
 
-    senders = [
-        lambda: bounded.post("/v2/models/tts/infer", json=v2_request(huge)),
-        lambda: bounded.post("/v2/models/tts/infer", json=widest),
-        lambda: _grpc_infer(bounded, huge),
+    def post(body: bytes):
+        return lambda: bounded.post(
+            "/v2/models/tts/infer", content=body, headers={"content-type": "application/json"}
+        )
+
+    idle = _probe_seconds(bounded, time.monotonic() + 3)
+    threads = [
+        threading.Thread(target=load, args=(s,))
+        for s in (*map(post, bodies), lambda: _grpc_infer(bounded, huge))
     ]
-    threads = [threading.Thread(target=load, args=(send,)) for send in senders]
-    probes: list[float] = []
     for t in threads:
         t.start()
     try:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            started = time.monotonic()
-            assert bounded.get("/v2/health/live", timeout=5).status_code == 200
-            probes.append(time.monotonic() - started)
-            time.sleep(0.02)
+        loaded = _probe_seconds(bounded, time.monotonic() + 15)
     finally:
         stop.set()
         for t in threads:
             t.join(120)
 
     assert not errors, errors[:3]
-    probes.sort()
-    assert probes[int(len(probes) * 0.99)] < 0.1, f"p99 {probes[int(len(probes) * 0.99)]:.3f} s"
+    # 100 ms on a quiet machine; where the machine itself is slow (idle probes already slow), twice
+    # the idle p99. Before the fix, one such body held the loop for 3.7 s.
+    bound = max(0.1, 2 * _p99(idle))
+    assert _p99(loaded) < bound, f"p99 {_p99(loaded):.3f} s under load, idle p99 {_p99(idle):.3f} s"
 
 
 def _raw_request(p: PredictorProcess, path: str, body: dict) -> socket.socket:

@@ -10,6 +10,8 @@ import unicodedata
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from predictor.audio.crossfade import CrossfadeJoiner, join
 from predictor.text import MAX_COMBINING_RUN, has_pronounceable, iter_segments, normalize, split_segments
@@ -366,3 +368,30 @@ def test_segments_never_separate_a_letter_from_its_marks():
     assert all(not unicodedata.combining(segment[0]) for segment in segments)
     assert "".join(segments).replace(" ", "") == normalize(word + word)
     assert len(segments) <= 2 * math.ceil(len(word) * 2 / 50)
+
+
+def _clean_one_char_at_a_time(text: str) -> str:
+    """The rules of normalize's cleaning step, one character at a time: the reference the fast path
+    (str.translate and regular expressions) must agree with."""
+    out, marks = [], 0
+    # Invisible characters go first: marks they separated are one run (else they would beat the cap).
+    for ch in (c for c in text if c not in "\u00ad\u200b\u2060\ufeff"):
+        marks = marks + 1 if unicodedata.combining(ch) else 0
+        if marks > MAX_COMBINING_RUN:
+            continue
+        category = unicodedata.category(ch)
+        out.append(" " if (category == "Cc" and not ch.isspace()) or category == "Cs" else ch)
+    return "".join(out)
+
+
+_ALPHABET = st.sampled_from(
+    [*"ab -—–\t\n\r\x00\x07\x85\u2028.,", "\u0301", "\u0308", "\u00ad", "\ufeff", "\ud800", "é", "你", "ß"]
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(_ALPHABET | st.just("\u0301" * 31), max_size=80).map("".join))
+def test_normalize_cleans_as_the_one_character_at_a_time_rules_say(text):
+    from predictor.text import _clean
+
+    assert _clean(text) == _clean_one_char_at_a_time(text)

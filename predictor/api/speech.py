@@ -105,7 +105,9 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
             raise NothingToSpeak("input has nothing to speak (no phonemes)")
         service.check_work(sum(map(len, segments)), len(segments), params.length_scale)
         if not (body.stream or body.stream_format is not None):
-            whole = np.concatenate([piece async for piece in _segments(service, segments, params, settings, started)])
+            whole = np.concatenate(
+                [piece async for piece in _segments(service, segments, params, settings, started)]
+            )
             return Response(
                 await off_loop(whole.nbytes, codecs.encode, whole, service.sample_rate, fmt),
                 media_type=codecs.FORMATS[fmt].media_type,

@@ -150,4 +150,3 @@ def decode_texts(items: Any, where: str = "text", limits: TextLimits | None = No
             check_length(i, len(item), limits.max_chars)
         out.append(text_prep.normalize(item))
     return out
-
