@@ -478,9 +478,9 @@ class Settings(BaseSettings):
         8,
         ge=5,
         le=5120,
-        description="Event outputs larger than this go to S3 as multipart uploads in parts of this size, "
-        "MiB; smaller ones as one PUT. Both become visible only when complete. Default: S3's smallest "
-        "part is 5 MiB; 8 as for the fetch.",
+        description="Event outputs go to S3 as multipart uploads in parts of this size, MiB (most in one "
+        "part); visible only when complete, and a failed one is aborted before the event is answered. "
+        "Default: S3's smallest part is 5 MiB; 8 as for the fetch.",
     )
 
     # --- observability ---
