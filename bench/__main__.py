@@ -1,4 +1,4 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|streaming|quality|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|streaming|quality|attacks|all]`: run the benchmarks, print a table, write JSON.
 
 `python -m bench gpu [--device cpu --small --no-compile]` is separate (bench/gpu.py): it needs a GPU,
 or runs as a CPU dry run.
@@ -38,6 +38,7 @@ SUITES = (
     "overload",
     "streaming",
     "quality",
+    "attacks",
 )
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
@@ -75,6 +76,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import liveness
 
         return liveness.run(session)
+    if name == "attacks":
+        from bench import attacks
+
+        return attacks.run(session)
     if name == "overload":
         from bench import overload
 

@@ -249,6 +249,20 @@ class Settings(BaseSettings):
         description="Longest input of /v1/audio/speech, characters. Default: a chapter; memory stays "
         "bounded by one segment, since the route synthesizes segment by segment.",
     )
+    max_engine_calls: int = Field(
+        1_000,
+        ge=1,
+        description="Most engine calls one request may make (the speech route makes one per segment); "
+        "beyond it 413 before any synthesis. Default: a 50,000-character chapter of ordinary sentences "
+        "makes about 500; a text of 12,500 'Hi.'s would make 12,500.",
+    )
+    max_request_audio_s: float = Field(
+        6_000.0,
+        gt=0,
+        description="Most audio one request may ask for, seconds, bounded from its text before synthesis "
+        "(0.1 s per character x length_scale; the default voice speaks about 0.06 s per character); "
+        "beyond it 413. Default: MAX_STREAM_TEXT_CHARS at normal speed with a 20 % margin.",
+    )
 
     # --- speech route (/v1/audio/speech) ---
     max_segment_chars: int = Field(
@@ -357,12 +371,20 @@ class Settings(BaseSettings):
         "connection is closed. A client sending one byte a second holds a socket, never the engine. "
         "Default: a whole MAX_REQUEST_BYTES body at ~1.1 Mbit/s.",
     )
+    head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Longest a client may take to send a request head, seconds, from connecting or from "
+        "its first byte after a response; then the connection is closed. Default: heads come in one piece "
+        "from proxies and clients alike, so 10 s is slack for any real client and short for a stalled one.",
+    )
     max_connections: int = Field(
         1000,
         ge=1,
-        description="Most concurrent HTTP connections and in-progress requests (uvicorn limit_concurrency) "
-        "and concurrent gRPC calls; beyond it 503 / RESOURCE_EXHAUSTED. Bounds sockets and memory, "
-        "not synthesis (MAX_QUEUE does that). Default: far above MAX_QUEUE, so the queue sheds load first.",
+        description="Most concurrent HTTP connections and in-progress requests and concurrent gRPC calls; "
+        "beyond it 503 with Retry-After / RESOURCE_EXHAUSTED, except for the health, readiness and metrics "
+        "paths, which are always answered. Bounds sockets and memory, not synthesis (MAX_QUEUE does that). "
+        "Default: far above MAX_QUEUE, so the queue sheds load first.",
     )
     keepalive_timeout_s: float = Field(
         65.0,
@@ -456,9 +478,9 @@ class Settings(BaseSettings):
         8,
         ge=5,
         le=5120,
-        description="Event outputs larger than this go to S3 as multipart uploads in parts of this size, "
-        "MiB; smaller ones as one PUT. Both become visible only when complete. Default: S3's smallest "
-        "part is 5 MiB; 8 as for the fetch.",
+        description="Event outputs go to S3 as multipart uploads in parts of this size, MiB (most in one "
+        "part); visible only when complete, and a failed one is aborted before the event is answered. "
+        "Default: S3's smallest part is 5 MiB; 8 as for the fetch.",
     )
 
     # --- observability ---
@@ -625,7 +647,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "s3_read_timeout_s",
     ),
     "Engine": ("engine", "device", "dtype", "compile", "gpu_memory_fraction", "cpu_threads", "warmup_text"),
-    "Request limits": ("max_text_chars", "max_batch_items", "max_stream_text_chars"),
+    "Request limits": (
+        "max_text_chars",
+        "max_batch_items",
+        "max_stream_text_chars",
+        "max_engine_calls",
+        "max_request_audio_s",
+    ),
     "Speech route": ("max_segment_chars", "crossfade_ms", "model_aliases", "voice_aliases"),
     "Streaming": ("stream_first_window_frames", "stream_window_frames"),
     "Batching and queue": (
@@ -640,6 +668,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_header_bytes",
         "max_header_count",
         "body_timeout_s",
+        "head_timeout_s",
         "max_connections",
         "keepalive_timeout_s",
     ),

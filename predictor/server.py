@@ -57,6 +57,7 @@ from predictor.events.outputs import OutputStore
 from predictor.observability import metrics, tracing
 from predictor.serving import coldstart
 from predictor.serving.coldstart import ColdStart, process_age_s
+from predictor.serving.connections import guarded_protocol, raise_open_files_limit
 from predictor.serving.interceptor import GrpcInterceptor
 from predictor.serving.middleware import Limits, RequestMiddleware
 from predictor.serving.service import TTSService
@@ -106,7 +107,9 @@ class _RESTServer(RESTServer):
         self._recorder = recorder
         # h11, not httptools: h11 bounds the request head (MAX_HEADER_BYTES; beyond it 400), httptools
         # does not. Its cost is parsing only, microseconds against a synthesis' hundreds of milliseconds.
-        self.config.http = "h11"
+        # The protocol also times out request heads and keeps the probes out of MAX_CONNECTIONS'
+        # refusals (serving/connections.py).
+        self.config.http = guarded_protocol(settings.head_timeout_s, probe_paths(settings))
         self.config.h11_max_incomplete_event_size = settings.max_header_bytes
         self.config.limit_concurrency = settings.max_connections
         self.config.timeout_keep_alive = int(settings.keepalive_timeout_s)
@@ -280,9 +283,31 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
     )
 
 
+def probe_paths(settings: Settings) -> frozenset[str]:
+    """Paths answered from memory that the kubelet, KEDA and Prometheus poll: never refused for load."""
+    name, version = settings.model_name, settings.model_version
+    return frozenset(
+        {
+            "/v2/health/live",
+            "/v2/health/ready",
+            f"/v2/models/{name}/ready",
+            f"/v2/models/{name}/versions/{version}/ready",
+            f"/v1/models/{name}",
+            "/metrics",
+        }
+    )
+
+
 # --- main ------------------------------------------------------------------------------------
 async def run(settings: Settings, cold_start: Future) -> bool:
     """Serve until SIGTERM/SIGINT and drain; True if every admitted request finished in time."""
+    open_files = raise_open_files_limit()
+    if open_files < settings.max_connections + 64:
+        log.warning(
+            "the open files limit (%d) is below MAX_CONNECTIONS=%d plus what the server needs besides",
+            open_files,
+            settings.max_connections,
+        )
     recorder = records.from_settings(settings)
     service = TTSService(settings)
     model = TTSModel(settings.model_name, service)

@@ -38,15 +38,24 @@ _QUOTE_MAP = str.maketrans(
 # they change how Indic, Persian and emoji text is read.
 _INVISIBLE_CHARS = frozenset("\u00ad\u200b\u2060\ufeff")
 
+# Unicode's Stream-Safe Text Format (UAX #15) allows at most 30 combining marks in a row; no script
+# needs more, and past that they only multiply work ("a" with 2,000 accents is one letter). Together
+# with segmentation never splitting a letter from its marks, a grapheme is at most 31 characters.
+MAX_COMBINING_RUN = 30
+
 # The line breaks str.splitlines() knows; every one of them ends a segment.
 _LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 _LINE_BREAK_RUN = re.compile(f"\\s*[{_LINE_BREAKS}]\\s*")
-_SPACE_RUN = re.compile(f"[^\\S{_LINE_BREAKS}]+")
+_LINE_BREAK = re.compile(f"[{_LINE_BREAKS}]")
+# Whitespace that collapsing changes: a run of two or more, or one that is not a plain space (a single
+# space is left alone, so ordinary prose costs no substitution per word).
+_SPACE_RUN = re.compile(f"[^\\S{_LINE_BREAKS}]{{2,}}|[^\\S{_LINE_BREAKS} ]")
 _LINE_SPAN = re.compile(f"[^{_LINE_BREAKS}]+")
 
 # A dash used as punctuation: the Unicode dashes, two or more hyphens, or a hyphen with spaces on both
 # sides (a hyphen touching a word is a compound like "well-known" and is left alone).
 _DASH = re.compile(r" ?(?:[\u2013\u2014\u2015]+|-{2,}) ?| - ")
+_DASH_CHAR = re.compile("[-\u2013\u2014\u2015]")
 # A dash between words is a pause, and a comma is the pause espeak-ng reads most reliably.
 _DASH_PAUSE = ", "
 # Characters that end a phrase, after which a dash still reads as a pause ("word" — "word").
@@ -59,36 +68,63 @@ def normalize(text: str) -> str:
     """Text in the form espeak-ng reads best, with line breaks kept (each one ends a segment).
 
     NFC composition; control characters (NUL included) and lone surrogates become spaces and invisible in-word characters are removed;
+    combining marks past MAX_COMBINING_RUN in a row are dropped;
     curly quotes become ASCII quotes; a dash between words becomes a comma pause (between digits, a
     hyphen: "1990–2000" is a range); runs of spaces become one space, runs of whitespace containing a
     line break become one newline; the ends are stripped. CJK text is not changed.
     """
     text = unicodedata.normalize("NFC", text)
-    text = "".join(_clean_char(ch) for ch in text)
+    text = _clean(text)
     text = text.translate(_QUOTE_MAP)
     text = _collapse_whitespace(text)
-    text = _DASH.sub(_replace_dash, text)
+    if _DASH_CHAR.search(text):  # the search is cheap, _DASH tries at every space
+        text = _DASH.sub(_replace_dash, text)
     # Replacing dashes can leave spaces next to line breaks or doubled ones: collapse again.
     return _collapse_whitespace(text)
 
 
-def _clean_char(ch: str) -> str:
-    if ch in _INVISIBLE_CHARS:
-        return ""
-    # Whitespace controls (tab, newline, ...) are handled with the rest of the whitespace. Any other
-    # control character becomes a space rather than nothing: it usually separates fields, and gluing
-    # its neighbours together would invent a word.
-    # NUL included: espeak-ng reads C strings, so a NUL would silently cut the text short. Lone
-    # surrogates (Cs; JSON can carry "\ud800") cannot be encoded as UTF-8 for espeak-ng at all.
-    category = unicodedata.category(ch)
-    if (category == "Cc" and not ch.isspace()) or category == "Cs":
-        return " "
-    return ch
+def _clean(text: str) -> str:
+    # str.translate and re run in C: normalizing a request's text holds the GIL (and so the event
+    # loop) for microseconds per kilobyte, not the microsecond per character of a Python loop.
+    text = text.translate(_CLEAN_TABLE)
+    if text.isascii():
+        return text
+    return _LONG_NON_ASCII_RUN.sub(_cap_combining, text)
+
+
+# Whitespace controls (tab, newline, ...) are handled with the rest of the whitespace. Any other
+# control character becomes a space rather than nothing: it usually separates fields, and gluing its
+# neighbours together would invent a word. NUL included: espeak-ng reads C strings, so a NUL would
+# silently cut the text short. Lone surrogates (Cs; JSON can carry "\ud800") cannot be encoded as
+# UTF-8 for espeak-ng at all. Invisible in-word characters are removed.
+_CLEAN_TABLE: dict[int, str | None] = {
+    **{c: " " for c in (*range(0x20), *range(0x7F, 0xA0)) if not chr(c).isspace()},
+    **dict.fromkeys(range(0xD800, 0xE000), " "),
+    **dict.fromkeys(map(ord, _INVISIBLE_CHARS)),
+}
+# Only a run of more than MAX_COMBINING_RUN characters outside ASCII can hold that many marks in a
+# row; the marks are looked at one by one only there.
+_LONG_NON_ASCII_RUN = re.compile(f"[^\\x00-\\x7f]{{{MAX_COMBINING_RUN + 1},}}")
+
+
+def _cap_combining(run: re.Match[str]) -> str:
+    out = []
+    marks = 0  # combining marks in a row so far
+    for ch in run.group():
+        if unicodedata.combining(ch):
+            marks += 1
+            if marks > MAX_COMBINING_RUN:
+                continue
+        else:
+            marks = 0
+        out.append(ch)
+    return "".join(out)
 
 
 def _collapse_whitespace(text: str) -> str:
     text = _SPACE_RUN.sub(" ", text)
-    text = _LINE_BREAK_RUN.sub("\n", text)
+    if _LINE_BREAK.search(text):
+        text = _LINE_BREAK_RUN.sub("\n", text)
     return text.strip()
 
 
@@ -124,7 +160,12 @@ SPOKEN_SECONDS_PER_CHAR_BOUND = 0.1
 
 def spoken_seconds_bound(text: str, length_scale: float = 1.0) -> float:
     """Seconds of audio ``text`` should not exceed at ``length_scale`` (see SPOKEN_SECONDS_PER_CHAR_BOUND)."""
-    return len(text) * SPOKEN_SECONDS_PER_CHAR_BOUND * length_scale
+    return spoken_seconds_bound_chars(len(text), length_scale)
+
+
+def spoken_seconds_bound_chars(chars: int, length_scale: float = 1.0) -> float:
+    """``spoken_seconds_bound`` of a text of ``chars`` characters."""
+    return chars * SPOKEN_SECONDS_PER_CHAR_BOUND * length_scale
 
 
 # --- segmentation ----------------------------------------------------------------------------------
@@ -200,8 +241,9 @@ def has_pronounceable(text: str) -> bool:
 
 
 def _is_pronounceable(ch: str) -> bool:
-    # Symbols count ("$", "%", emoji): espeak-ng reads them. Punctuation and whitespace alone it does not.
-    return not ch.isspace() and not unicodedata.category(ch).startswith("P")
+    # Symbols count ("$", "%", emoji): espeak-ng reads them. Punctuation and whitespace alone it does
+    # not, nor combining marks: a mark is pronounced only with the letter it sits on.
+    return not ch.isspace() and unicodedata.category(ch)[0] not in "PM"
 
 
 def _has_pronounceable(text: str, start: int, end: int) -> bool:

@@ -3,7 +3,8 @@
 moto cannot be told to fail one upload part or the next three PUTs; this relay can. Every request is
 read whole (``Expect: 100-continue`` included, as botocore sends for uploads) and forwarded to the
 upstream on a fresh connection, unless a rule claims it: then the client gets the rule's S3 error
-and the upstream never sees the request. Every request line is recorded, in order, with whether it
+and the upstream never sees the request (or, for a rule with ``applied``, sees and applies it, and
+only its answer is lost: a write that took effect though the caller heard a failure). Every request line is recorded, in order, with whether it
 was spoiled, so a test can count attempts, parts and aborts.
 
 ``one_at_a_time`` forwards the requests it matches one after another. moto checks a conditional write
@@ -40,11 +41,15 @@ class Seen:
 
 @dataclass
 class Rule:
-    """Spoil requests for which ``matches(method, path)`` holds, the first ``times`` of them (None: all)."""
+    """Spoil requests for which ``matches(method, path)`` holds, the first ``times`` of them (None: all).
+
+    ``applied``: forward the request to the upstream first, then answer the error instead of its reply.
+    """
 
     matches: Callable[[str, str], bool]
     status: int = 403
     times: int | None = None
+    applied: bool = False
     hits: int = field(default=0)
 
 
@@ -77,8 +82,14 @@ class S3Relay:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
-    def fail(self, matches: Callable[[str, str], bool], status: int = 403, times: int | None = None) -> Rule:
-        rule = Rule(matches, status, times)
+    def fail(
+        self,
+        matches: Callable[[str, str], bool],
+        status: int = 403,
+        times: int | None = None,
+        applied: bool = False,
+    ) -> Rule:
+        rule = Rule(matches, status, times, applied)
         self.rules.append(rule)
         return rule
 
@@ -106,6 +117,8 @@ class S3Relay:
         body = h.rfile.read(length) if length else b""
         rule = self._spoiling(h.command, h.path)
         if rule is not None:
+            if rule.applied:
+                self._exchange(h, body)
             code, message = ERRORS[rule.status]
             error = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()
             h.send_response(rule.status)
@@ -119,20 +132,24 @@ class S3Relay:
         with self._serial if serial else contextlib.nullcontext():
             self._forward(h, body)
 
-    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
+    def _exchange(self, h: BaseHTTPRequestHandler, body: bytes) -> tuple[http.client.HTTPResponse, bytes]:
+        """The request sent upstream on a fresh connection; its response, read whole."""
         upstream = http.client.HTTPConnection(*self._upstream, timeout=60)
         try:
             headers = {k: v for k, v in h.headers.items() if k.lower() not in _HOP}
             upstream.request(h.command, h.path, body=body, headers=headers)
             response = upstream.getresponse()
-            data = response.read()
-            h.send_response(response.status)
-            for key, value in response.getheaders():
-                if key.lower() not in _HOP and key.lower() != "content-length":
-                    h.send_header(key, value)
-            h.send_header("content-length", str(len(data)))
-            h.end_headers()
-            if h.command != "HEAD":
-                h.wfile.write(data)
+            return response, response.read()
         finally:
             upstream.close()
+
+    def _forward(self, h: BaseHTTPRequestHandler, body: bytes) -> None:
+        response, data = self._exchange(h, body)
+        h.send_response(response.status)
+        for key, value in response.getheaders():
+            if key.lower() not in _HOP and key.lower() != "content-length":
+                h.send_header(key, value)
+        h.send_header("content-length", str(len(data)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(data)

@@ -17,6 +17,8 @@ from predictor.api.v2_codec import (
     encode_grpc,
 )
 from predictor.errors import NotReady
+from predictor.serving.offload import INLINE_BYTES, off_loop
+from predictor.serving.params import TextLimits
 from predictor.serving.service import TTSService
 
 
@@ -57,6 +59,10 @@ class TTSModel(Model):
         self, payload: InferRequest, headers: dict[str, str] | None = None
     ) -> pb.ModelInferResponse:
         # Raw inputs get raw outputs (what Triton's client expects); typed inputs get typed contents.
-        call = decode_v2(payload, binary_default=binary_outputs_requested(payload))
+        # Off the event loop: KServe hands us the message already read, so its size is not known here,
+        # and normalizing or encoding a large one would hold the loop (and the probes) meanwhile.
+        limits = TextLimits.of(self.service.settings)
+        call = await off_loop(INLINE_BYTES + 1, decode_v2, payload, binary_outputs_requested(payload), limits)
         result = await self.service.synthesize(call.texts, call.params)
-        return encode_grpc(call, result, self.name)
+        size = sum(a.nbytes for a in result.audio)
+        return await off_loop(size, encode_grpc, call, result, self.name)

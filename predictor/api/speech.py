@@ -1,7 +1,9 @@
 """`POST /v1/audio/speech`, shaped like OpenAI's speech API, streaming audio window by window.
 
-The input is normalized and cut into segments of at most MAX_SEGMENT_CHARS (sentences, then clauses);
-segments go through the shared queue one after another. Without streaming each segment is synthesized
+The input is normalized and cut into segments of at most MAX_SEGMENT_CHARS (sentences, then clauses)
+before anything is synthesized (off the event loop when it is long), so that a request making more
+engine calls or more audio than one request may (MAX_ENGINE_CALLS, MAX_REQUEST_AUDIO_S) is refused
+with 413 first; segments go through the shared queue one after another. Without streaming each segment is synthesized
 whole and the file is sent at the end. With `stream: true` (or any `stream_format`) each segment is
 decoded in windows of latent frames (engine/windows.py), and every window leaves as soon as it is
 decoded: the first audio of a long sentence waits for a fraction of it, not for all of it. Segments
@@ -35,6 +37,7 @@ from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest, NothingToSpeak
 from predictor.observability import metrics
+from predictor.serving.offload import off_loop
 from predictor.serving.service import TTSService
 
 # OpenAI's documented range for `speed`; our length_scale is its inverse.
@@ -60,7 +63,7 @@ class SpeechRequest(BaseModel):
     input: str
     voice: str | VoiceId | None = None
     response_format: str = "mp3"  # OpenAI's default
-    speed: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1])
+    speed: float = Field(1.0, ge=SPEED_RANGE[0], le=SPEED_RANGE[1], allow_inf_nan=False)
     stream: bool = False
     stream_format: str | None = None  # OpenAI's: "audio" (raw bytes) or "sse"; either one streams
     # OpenAI's style prompt for its newer models; a VITS voice has nothing it could condition on,
@@ -81,15 +84,13 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         models = [settings.model_name, *settings.model_aliases, *service.voices]
         if body.model not in models:
             raise BadRequest(f"unknown model {body.model!r}; this server accepts {', '.join(models)}")
-        if not body.input.strip():
-            raise BadRequest("input is empty")
-        source = text.normalize(body.input)
-        if not text.has_pronounceable(source):
-            raise NothingToSpeak("input has nothing to speak (no phonemes)")
+        # The cheap checks first: counting characters is C, normalizing and segmenting are Python.
         if len(body.input) > settings.max_stream_text_chars:
             raise BadRequest(
                 f"input has {len(body.input)} characters; the limit is MAX_STREAM_TEXT_CHARS={settings.max_stream_text_chars}"
             )
+        if not body.input.strip():
+            raise BadRequest("input is empty")
         if body.stream_format is not None and body.stream_format not in STREAM_FORMATS:
             raise BadRequest(
                 f"unknown stream_format {body.stream_format!r}; accepted: {', '.join(STREAM_FORMATS)}"
@@ -99,15 +100,21 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         params = SynthesisParams(length_scale=1.0 / body.speed, voice=voice)
         service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
         started = time.monotonic()
+        segments = await off_loop(len(body.input), _prepared, body.input, settings.max_segment_chars)
+        if not segments:
+            raise NothingToSpeak("input has nothing to speak (no phonemes)")
+        service.check_work(sum(map(len, segments)), len(segments), params.length_scale)
         if not (body.stream or body.stream_format is not None):
-            whole = [piece async for piece in _segments(service, source, params, settings, started)]
+            whole = np.concatenate(
+                [piece async for piece in _segments(service, segments, params, settings, started)]
+            )
             return Response(
-                codecs.encode(np.concatenate(whole), service.sample_rate, fmt),
+                await off_loop(whole.nbytes, codecs.encode, whole, service.sample_rate, fmt),
                 media_type=codecs.FORMATS[fmt].media_type,
             )
         # Built here, not in the generator: a format that cannot stream is a 400, not a broken stream.
         encoder = codecs.StreamEncoder(fmt, service.sample_rate)
-        pieces = _windows(service, source, params, settings, started)
+        pieces = _windows(service, segments, params, settings, started)
         # The first piece before the first byte: a 400 (nothing to speak) or 503 can still be one.
         first = await anext(pieces)
         chunks = _encoded(_prepend(first, pieces), encoder)
@@ -118,6 +125,12 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         return StreamingResponse(chunks, media_type=encoder.media_type)
 
     return routes
+
+
+def _prepared(source: str, max_segment_chars: int) -> list[str]:
+    """The input normalized and cut into its segments, all of them: their count bounds the request's
+    engine calls (MAX_ENGINE_CALLS) before the first one is made."""
+    return text.split_segments(text.normalize(source), max_segment_chars)
 
 
 def _voice(voice: str | VoiceId | None, service: TTSService, settings: Settings) -> str | None:
@@ -132,12 +145,12 @@ def _voice(voice: str | VoiceId | None, service: TTSService, settings: Settings)
 
 
 async def _segments(
-    service: TTSService, source: str, params: SynthesisParams, settings: Settings, started: float
+    service: TTSService, segments: list[str], params: SynthesisParams, settings: Settings, started: float
 ) -> AsyncIterator[np.ndarray]:
     """Crossfaded PCM, one piece per segment synthesized whole (the last piece holds the tail)."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
     first = True
-    for segment in text.iter_segments(source, settings.max_segment_chars):
+    for segment in segments:
         try:
             result = await service.synthesize([segment], params)
         except NothingToSpeak:
@@ -155,12 +168,12 @@ async def _segments(
 
 
 async def _windows(
-    service: TTSService, source: str, params: SynthesisParams, settings: Settings, started: float
+    service: TTSService, segments: list[str], params: SynthesisParams, settings: Settings, started: float
 ) -> AsyncIterator[np.ndarray]:
     """Crossfaded PCM, one piece per decoder window as it is decoded (the last piece holds the tail)."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
     first = True
-    for segment in text.iter_segments(source, settings.max_segment_chars):
+    for segment in segments:
         starts_segment = True
         async for audio, _last in service.stream(segment, params):
             piece = joiner.push_piece(audio, starts_segment)

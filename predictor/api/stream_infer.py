@@ -34,6 +34,7 @@ from kserve.protocol.infer_type import InferRequest
 from predictor.api.checks import require_model
 from predictor.api.v2_codec import add_grpc_outputs, decode_v2
 from predictor.errors import BadRequest, PredictorError
+from predictor.serving.params import TextLimits
 from predictor.serving.service import TTSService
 
 log = logging.getLogger("predictor.stream_infer")
@@ -120,7 +121,11 @@ class StreamInferHandler(grpc.GenericRpcHandler):
             payload = InferRequest.from_grpc(request)
         except Exception as exc:  # KServe raises several types for malformed tensors
             raise BadRequest(f"malformed request: {exc}") from None
-        call = decode_v2(payload, binary_default=bool(payload.use_binary_outputs))
+        call = decode_v2(
+            payload,
+            binary_default=bool(payload.use_binary_outputs),
+            limits=TextLimits.of(self._service.settings),
+        )
         if len(call.texts) != 1:
             raise BadRequest(f"a streamed request carries one text (shape [1]), got {len(call.texts)}")
         raw = all(binary for _, binary in call.outputs)

@@ -18,7 +18,8 @@ from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
 from predictor.events import cloudevents
 from predictor.events.outputs import OutputStore
-from predictor.serving.params import decode_texts, parse_params
+from predictor.serving.offload import off_loop
+from predictor.serving.params import TextLimits, decode_texts, parse_params
 from predictor.serving.service import SynthesisResult, TTSService
 
 
@@ -39,7 +40,7 @@ def v1_predictions(result: SynthesisResult) -> list[dict]:
     ]
 
 
-def parse_v1(body: Any) -> tuple[list[str], SynthesisParams]:
+def parse_v1(body: Any, limits: TextLimits) -> tuple[list[str], SynthesisParams]:
     """{"instances": [{"text": ...}, ...], "parameters": {...}} -> texts, params."""
     if not isinstance(body, dict) or not isinstance(body.get("instances"), list):
         raise BadRequest('v1 body must be {"instances": [{"text": "..."}], "parameters": {...}}')
@@ -53,7 +54,7 @@ def parse_v1(body: Any) -> tuple[list[str], SynthesisParams]:
         texts.append(inst["text"])
     if not isinstance(body.get("parameters", {}), dict):
         raise BadRequest("parameters must be an object")
-    return decode_texts(texts, "instances"), parse_params(
+    return decode_texts(texts, "instances", limits), parse_params(
         body.get("parameters"), strings_allowed=False, extra_ok=set()
     )
 
@@ -61,6 +62,7 @@ def parse_v1(body: Any) -> tuple[list[str], SynthesisParams]:
 def router(service: TTSService, settings: Settings, outputs: OutputStore) -> APIRouter:
     """`:predict` with instances, or a CloudEvent (binary or structured) delivered by the event bus."""
     name = settings.model_name
+    limits = TextLimits.of(settings)
     routes = APIRouter()
 
     @routes.post("/v1/models/{model_name}:predict")
@@ -69,16 +71,24 @@ def router(service: TTSService, settings: Settings, outputs: OutputStore) -> API
         body = await request.body()
         headers = {k.lower(): v for k, v in request.headers.items()}
         if cloudevents.is_cloudevent(headers):
-            event = cloudevents.parse(headers, body, settings)
+            event = await off_loop(len(body), cloudevents.parse, headers, body, settings)
             completion = await cloudevents.complete(event, service, outputs, settings)
-            reply_headers, reply_body = cloudevents.reply(event, completion, settings)
+            size = len(completion.data.get("audio_base64", ""))
+            reply_headers, reply_body = await off_loop(size, cloudevents.reply, event, completion, settings)
             return Response(content=reply_body, headers=reply_headers)
+        texts, params = await off_loop(len(body), decode, body)
+        result = await service.synthesize(texts, params)
+        content = await off_loop(sum(a.nbytes for a in result.audio), encode, result)
+        return Response(content, media_type="application/json")
+
+    def decode(body: bytes) -> tuple[list[str], SynthesisParams]:
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             raise BadRequest(f"body is not valid JSON: {exc}") from None
-        texts, params = parse_v1(payload)
-        result = await service.synthesize(texts, params)
-        return Response(orjson.dumps({"predictions": v1_predictions(result)}), media_type="application/json")
+        return parse_v1(payload, limits)
+
+    def encode(result: SynthesisResult) -> bytes:
+        return orjson.dumps({"predictions": v1_predictions(result)})
 
     return routes

@@ -15,6 +15,7 @@ from predictor.api.v2_codec import (
     BINARY_HEADER,
     INPUT_METADATA,
     OUTPUT_METADATA,
+    V2Call,
     binary_outputs_requested,
     decode_binary_request,
     decode_v2,
@@ -23,6 +24,8 @@ from predictor.api.v2_codec import (
 )
 from predictor.config import Settings
 from predictor.errors import BadRequest
+from predictor.serving.offload import off_loop
+from predictor.serving.params import TextLimits
 from predictor.serving.service import TTSService
 
 
@@ -30,6 +33,7 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
     """v2 inference, model metadata and versioned readiness, registered before KServe's own routes so
     these win (its versioned routes answer 501)."""
     name = settings.model_name
+    limits = TextLimits.of(settings)
     routes = APIRouter()
 
     async def infer(request: Request) -> Response:
@@ -38,6 +42,14 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         service.require_ready()
         body = await request.body()
         headers = {k.lower(): v for k, v in request.headers.items()}
+        call = await off_loop(len(body), decode, body, headers)
+        result = await service.synthesize(call.texts, call.params)
+        content, response_headers = await off_loop(
+            sum(a.nbytes for a in result.audio), encode_rest, call, result, name
+        )
+        return Response(content, headers=response_headers)
+
+    def decode(body: bytes, headers: dict[str, str]) -> V2Call:
         binary_in = BINARY_HEADER in headers
         if binary_in:
             infer_request = decode_binary_request(body, headers[BINARY_HEADER], name)
@@ -47,10 +59,7 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
             except InvalidInput as exc:
                 raise BadRequest(str(exc.reason)) from None
         binary_out = binary_outputs_requested(infer_request)
-        call = decode_v2(infer_request, binary_default=binary_in or binary_out)
-        result = await service.synthesize(call.texts, call.params)
-        content, response_headers = encode_rest(call, result, name)
-        return Response(content, headers=response_headers)
+        return decode_v2(infer_request, binary_default=binary_in or binary_out, limits=limits)
 
     def metadata() -> dict[str, Any]:
         meta: dict[str, Any] = {

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from predictor.api.handlers import validation_problems
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
-from predictor.serving.params import decode_texts, parse_params, plain_value
+from predictor.serving.params import TextLimits, decode_texts, parse_params, plain_value
 from predictor.serving.service import SynthesisResult
 
 OUTPUTS = ("audio", "audio_length")
@@ -162,8 +162,9 @@ def binary_outputs_requested(payload: InferRequest) -> bool:
     return bool(flag)
 
 
-def decode_v2(payload: InferRequest, binary_default: bool) -> V2Call:
-    """Texts, parameters and requested outputs from a v2 request (REST or gRPC)."""
+def decode_v2(payload: InferRequest, binary_default: bool, limits: TextLimits) -> V2Call:
+    """Texts, parameters and requested outputs from a v2 request (REST or gRPC); texts over ``limits``
+    are refused before they are normalized."""
     requested = list(payload.request_outputs or [])
     for r in requested:
         if r.name not in OUTPUTS:
@@ -179,13 +180,13 @@ def decode_v2(payload: InferRequest, binary_default: bool) -> V2Call:
         outputs = [(name, binary_default) for name in OUTPUTS]
     return V2Call(
         request_id=payload.id or "",
-        texts=_texts(payload),
+        texts=_texts(payload, limits),
         params=parse_params(payload.parameters, strings_allowed=payload.from_grpc),
         outputs=outputs,
     )
 
 
-def _texts(payload: InferRequest) -> list[str]:
+def _texts(payload: InferRequest, limits: TextLimits) -> list[str]:
     if len(payload.inputs) != 1 or payload.inputs[0].name != "text":
         names = [i.name for i in payload.inputs]
         raise BadRequest(f"expected exactly one input named 'text', got {names}")
@@ -201,7 +202,7 @@ def _texts(payload: InferRequest) -> list[str]:
         raise BadRequest(f"input 'text' cannot be read: {exc}") from None
     if data.size != shape[0]:
         raise BadRequest(f"input 'text' has shape {shape} but {data.size} elements")
-    return decode_texts(data.tolist())
+    return decode_texts(data.tolist(), limits=limits)
 
 
 def _tensors(result: SynthesisResult) -> dict[str, tuple[np.ndarray, str, str]]:

@@ -53,7 +53,7 @@ from predictor.events.outputs import (
     now_iso,
     parse_output_uri,
 )
-from predictor.serving.params import decode_texts, parse_params
+from predictor.serving.params import TextLimits, decode_texts, parse_params
 from predictor.serving.service import TTSService
 
 STRUCTURED = "application/cloudevents+json"
@@ -118,6 +118,9 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     try:
         event = from_http(dict(headers), body, data_unmarshaller=_json_data)
     except (CloudEventError, ValueError, TypeError, AttributeError, KeyError, RecursionError) as exc:
+        if isinstance(exc.__context__, BadRequest):
+            # Our data unmarshaller's own answer, which the SDK wraps in a message quoting its repr.
+            raise exc.__context__ from None
         raise BadRequest(f"malformed CloudEvent: {exc}") from None
     if event["type"] != settings.ce_request_type:
         raise BadRequest(
@@ -129,7 +132,7 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     params = parse_params(
         {k: v for k, v in data.items() if k not in _EVENT_FIELDS}, strings_allowed=False, extra_ok=set()
     )
-    (text,) = decode_texts([data["text"]], "data.text")
+    (text,) = decode_texts([data["text"]], "data.text", TextLimits.of(settings, max_items=1))
     output = _output(data["output"], settings) if data.get("output") is not None else None
     return SynthesisEvent(
         event=event,

@@ -2,9 +2,8 @@
 
 An event with ``data.output = s3://bucket/dir/name.wav`` is completed in this order:
 
-1. the audio goes to ``dir/name.wav`` (one PUT, or a multipart upload above CE_OUTPUT_PART_SIZE_MIB;
-   S3 makes either visible only when complete, and a failed multipart upload is aborted), carrying the
-   event's key and the reply's fields in its user metadata;
+1. the audio goes to ``dir/name.wav`` as a multipart upload (parts of CE_OUTPUT_PART_SIZE_MIB; one
+   part for most outputs), carrying the event's key and the reply's fields in its user metadata;
 2. a completion record, ``dir/.tts-events/<event key>.json``, holds the reply.
 
 The event key is sha256 of the event's (source, id), which CloudEvents makes unique per event and
@@ -16,6 +15,14 @@ delivery is in flight wait for it and share its reply. Across replicas, a write 
 free when looked up is conditional (If-None-Match: *): of two replicas racing on one event, the second
 to finish finds the first one's object, replies from it and writes nothing.
 
+A failure reply is final. Nothing of an upload is visible until its completion, and an upload that
+failed is aborted before the event is answered; once S3 has aborted it, no request of it still on the
+wire (a part or the completion itself, delayed by a stalled link) can make the object appear. If the
+abort finds the upload gone because its completion did land, the object is this event's and the event
+succeeds. Only when the abort cannot reach S3 either may a completion still land after the error
+reply; that object carries the event's key, so the redelivery replies from it and writes nothing
+twice. A single PUT could not offer this: a PUT whose answer was lost may still be applied later.
+
 The record lives next to the output (not at a fixed bucket-wide prefix) so that a bucket policy that
 lets the predictor write the output's prefix also covers the record. A redelivery is therefore found
 only if it names an output in the same directory; reusing an event id with data naming another
@@ -25,7 +32,6 @@ directory is a producer bug CloudEvents forbids, and is treated as a new event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -280,10 +286,10 @@ class OutputStore:
     def _upload(
         self, target: OutputTarget, audio: EncodedAudio, metadata: dict[str, str], create_only: bool
     ) -> None:
-        """One PUT, or a multipart upload above the part size; visible only once complete either way.
+        """A multipart upload, of one part or more; visible only once complete (see the module's doc).
 
-        ``create_only`` (the key was free when we looked) makes the write conditional on the key still
-        being free (If-None-Match: *), so two replicas racing on one event cannot both write it.
+        ``create_only`` (the key was free when we looked) makes the completion conditional on the key
+        still being free (If-None-Match: *), so two replicas racing on one event cannot both write it.
         s3transfer's managed upload cannot pass that condition, hence the parts by hand.
         """
         from botocore.exceptions import ClientError
@@ -292,17 +298,12 @@ class OutputStore:
         where = {"Bucket": target.bucket, "Key": target.key}
         condition = {"IfNoneMatch": "*"} if create_only else {}
         try:
-            if len(audio.data) <= self._part_size:
-                client.put_object(
-                    **where, Body=audio.data, ContentType=audio.media_type, Metadata=metadata, **condition
-                )
-                return
             upload_id = client.create_multipart_upload(
                 **where, ContentType=audio.media_type, Metadata=metadata
             )["UploadId"]
             try:
                 parts = []
-                for number, start in enumerate(range(0, len(audio.data), self._part_size), start=1):
+                for number, start in enumerate(range(0, max(len(audio.data), 1), self._part_size), start=1):
                     chunk = audio.data[start : start + self._part_size]
                     etag = client.upload_part(**where, UploadId=upload_id, PartNumber=number, Body=chunk)[
                         "ETag"
@@ -311,15 +312,52 @@ class OutputStore:
                 client.complete_multipart_upload(
                     **where, UploadId=upload_id, MultipartUpload={"Parts": parts}, **condition
                 )
-            except BaseException:
-                # Uploaded parts are invisible but billed until aborted.
-                with contextlib.suppress(Exception):
-                    client.abort_multipart_upload(**where, UploadId=upload_id)
+            except BaseException as exc:
+                if self._landed_after_all(target, upload_id, metadata, exc):
+                    return
                 raise
         except ClientError as exc:
             if create_only and failure(exc).precondition_failed:
                 raise _LostRace() from exc
             raise
+
+    def _landed_after_all(
+        self, target: OutputTarget, upload_id: str, metadata: dict[str, str], exc: BaseException
+    ) -> bool:
+        """After a failed upload: abort it, so that nothing of it can land later; True if it had landed.
+
+        The abort also frees the parts, which are invisible but billed until aborted. An abort that
+        finds no such upload means the completion got through although its answer was lost; the object
+        then holds this event's audio (same key and sha256 in its metadata) and the write succeeded.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = self._s3()
+        where = {"Bucket": target.bucket, "Key": target.key}
+        try:
+            client.abort_multipart_upload(**where, UploadId=upload_id)
+            return False  # aborted: this upload can never complete now
+        except ClientError as abort_exc:
+            if failure(abort_exc).code != "NoSuchUpload":
+                log.warning("could not abort a failed upload: %s", failure(abort_exc).detail)
+                return False
+        except BotoCoreError as abort_exc:
+            # S3 unreachable: a completion still on the wire may land later; it carries this event's
+            # key, so the redelivery replies from it instead of writing a second object.
+            log.warning("could not abort a failed upload: %s", abort_exc)
+            return False
+        try:
+            head = client.head_object(**where)
+        except (ClientError, BotoCoreError):
+            return False
+        landed = head.get("Metadata", {})
+        if (
+            landed.get(_META_EVENT) == metadata[_META_EVENT]
+            and landed.get(_META_SHA256) == metadata[_META_SHA256]
+        ):
+            log.info("the output's completion landed though its answer was lost (%s)", exc)
+            return True
+        return False
 
     def _put_record(
         self, target: OutputTarget, key: str, request_sha256: str, data: dict[str, Any], completed_at: str

@@ -1,10 +1,20 @@
-"""Structured logs: one JSON object per line on stderr (LOG_FORMAT=text for people at a terminal)."""
+"""Structured logs: one JSON object per line on stderr (LOG_FORMAT=text for people at a terminal).
+
+Client errors are the client's business: they log at most one line each, without a traceback, through
+``CLIENT_ERRORS``, rate-limited per message so that a client repeating a bad request cannot fill the
+log (``RateLimit``). Errors of ours (5xx) keep their traceback and are never limited.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+
+# Per message template: this many lines per window, then silence until the window ends; the next line
+# let through says how many were dropped.
+CLIENT_ERROR_BURST = 5
+CLIENT_ERROR_WINDOW_S = 60.0
 
 # uvicorn adds color_message (an ANSI copy of msg) to its records.
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
@@ -38,6 +48,41 @@ class TextFormatter(logging.Formatter):
         return f"{line} {extras}" if extras else line
 
 
+class RateLimit(logging.Filter):
+    """At most ``burst`` records per ``window_s`` for each message template; the first record let
+    through after some were dropped carries ``suppressed``, their count."""
+
+    def __init__(self, burst: int = CLIENT_ERROR_BURST, window_s: float = CLIENT_ERROR_WINDOW_S) -> None:
+        super().__init__()
+        self._burst = burst
+        self._window_s = window_s
+        self._windows: dict[tuple[str, object], list[float]] = {}  # key -> [start, passed, dropped]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        key = (record.name, record.msg)
+        window = self._windows.get(key)
+        if window is None or now - window[0] >= self._window_s:
+            dropped = int(window[2]) if window is not None else 0
+            if dropped:
+                record.suppressed = dropped
+            if len(self._windows) > 1000:  # templates are few; this only bounds a pathological caller
+                self._windows.clear()
+            self._windows[key] = [now, 1, 0]
+            return True
+        if window[1] < self._burst:
+            window[1] += 1
+            return True
+        window[2] += 1
+        return False
+
+
+# Where client errors are logged: one line each, no traceback, rate-limited (configure() adds the filter).
+CLIENT_ERRORS = logging.getLogger("predictor.client_errors")
+# uvicorn's own client-error lines ("Invalid HTTP request received.") come through this logger.
+_UVICORN_ERROR = "uvicorn.error"
+
+
 def configure(level: str, fmt: str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
@@ -54,6 +99,9 @@ def configure(level: str, fmt: str) -> None:
     access = logging.getLogger("uvicorn.access")
     access.handlers[:] = []
     access.propagate = False
+    for lg in (CLIENT_ERRORS, logging.getLogger(_UVICORN_ERROR)):
+        lg.filters[:] = [f for f in lg.filters if not isinstance(f, RateLimit)]
+        lg.addFilter(RateLimit())
     # Python warnings (a library's deprecation notice) go through the same handler, so in JSON mode
     # every line on stderr is JSON, as log shippers expect.
     logging.captureWarnings(True)

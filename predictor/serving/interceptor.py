@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
@@ -22,6 +23,7 @@ from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor
 
 from predictor.errors import PredictorError
 from predictor.observability import metrics, request_ids
+from predictor.observability.logs import CLIENT_ERRORS
 from predictor.serving.service import TTSService
 from predictor.shadow import recorder as records
 
@@ -33,16 +35,18 @@ GRPC_SYNTHESIS_METHODS = frozenset({"ModelInfer"})
 # The call's request id, for the log line of an unexpected error (one interceptor serves every call).
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("grpc_request_id", default="")
 
-# What KServe's interceptor maps to a status itself; anything else reaching it is a bug of ours.
-_KSERVE_ERRORS = (
-    InferenceError,
-    InvalidInput,
-    ModelNotFound,
-    ModelNotReady,
-    ServerNotLive,
-    ServerNotReady,
-    UnsupportedProtocol,
-    NotImplementedError,
+# KServe's errors and their status, as KServe's interceptor maps them; anything else reaching the
+# interceptor is a bug of ours. Mapped here so that a client's error is not logged with a traceback
+# (KServe's interceptor logs every one of them as an ERROR with its stack).
+_KSERVE_ERRORS: tuple[tuple[type[Exception], StatusCode], ...] = (
+    (InferenceError, StatusCode.INVALID_ARGUMENT),
+    (InvalidInput, StatusCode.INVALID_ARGUMENT),
+    (UnsupportedProtocol, StatusCode.INVALID_ARGUMENT),
+    (ModelNotFound, StatusCode.NOT_FOUND),
+    (ModelNotReady, StatusCode.UNAVAILABLE),
+    (ServerNotLive, StatusCode.UNAVAILABLE),
+    (ServerNotReady, StatusCode.UNAVAILABLE),
+    (NotImplementedError, StatusCode.UNIMPLEMENTED),
 )
 
 
@@ -55,6 +59,7 @@ _GRPC_AS_HTTP = {
     StatusCode.RESOURCE_EXHAUSTED: 413,
     StatusCode.UNAVAILABLE: 503,
     StatusCode.UNIMPLEMENTED: 501,
+    StatusCode.CANCELLED: 499,  # nginx's "client closed request", as the REST middleware records it
 }
 
 
@@ -86,6 +91,11 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
                 async with self._service.admit(rid, "grpc:" + name):
                     return await super().intercept(method, request_or_iterator, context, method_name)
             return await super().intercept(method, request_or_iterator, context, method_name)
+        except asyncio.CancelledError:
+            # The client cancelled or went away: grpc cancels the handler, which stops its work at
+            # the next engine call or window.
+            code = StatusCode.CANCELLED
+            raise
         except BaseException:
             code = context.code() or StatusCode.UNKNOWN
             raise
@@ -102,11 +112,20 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
     async def handle_exception(
         self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str
     ) -> None:
+        route = "grpc:" + method_name.rsplit("/", 1)[-1]
         if isinstance(ex, PredictorError):
             if ex.http_status >= 500:
                 log.warning("grpc %s failed: %s", method_name, ex.message)
+            else:
+                CLIENT_ERRORS.info("%s %s: %s", route, ex.grpc_status, ex.message)
             await context.abort(StatusCode[ex.grpc_status], ex.message)
-        if not isinstance(ex, _KSERVE_ERRORS) and not isinstance(ex, GrpcException):
+        for kind, status in _KSERVE_ERRORS:
+            if isinstance(ex, kind):
+                # Not ready, not found, bad input: expected answers, one line each without a stack.
+                reason = getattr(ex, "reason", None) or str(ex)
+                CLIENT_ERRORS.info("%s %s: %s", route, status.name, reason)
+                await context.abort(status, reason)
+        if not isinstance(ex, GrpcException):
             # As over REST: one log line with the request id and the traceback, INTERNAL with a message
             # naming the id (the metadata, sent first, carries it too).
             rid = _REQUEST_ID.get()
@@ -115,7 +134,7 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
                 type(ex).__name__,
                 ex,
                 exc_info=ex,
-                extra={"request_id": rid, "route": "grpc:" + method_name.rsplit("/", 1)[-1]},
+                extra={"request_id": rid, "route": route},
             )
             await context.abort(
                 StatusCode.INTERNAL, f"internal error ({type(ex).__name__}); request id {rid}"

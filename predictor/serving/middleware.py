@@ -5,6 +5,7 @@ nothing else handled."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -23,6 +24,18 @@ Message = dict[str, Any]
 ASGIApp = Any  # Starlette's app signature: (scope, receive, send) -> awaitable
 
 log = logging.getLogger("predictor.server")
+
+# nginx's status for a request whose client closed the connection before the answer was complete:
+# never sent (nobody is listening), only counted and recorded.
+CLIENT_CLOSED_REQUEST = 499
+
+
+def _is_event(headers: list[tuple[bytes, bytes]]) -> bool:
+    """A CloudEvent in either mode: binary (ce- headers) or structured (its content type)."""
+    return any(
+        k.startswith(b"ce-") or (k == b"content-type" and v.startswith(b"application/cloudevents"))
+        for k, v in headers
+    )
 
 
 @dataclass(frozen=True)
@@ -81,16 +94,30 @@ class RequestMiddleware:
         ids = [(REQUEST_ID_HEADER.encode(), rid.encode()), (REVISION_HEADER.encode(), self._revision)]
         status = 500  # what the client sees if the app raises before answering
         started_response = False
+        completed = False  # the response's last byte was sent
         close = False  # set when the body was not read to its end: the connection cannot be reused
+        disconnected = asyncio.Event()
+        watcher: asyncio.Future[Message] | None = None
 
         async def send_with_ids(message: Message) -> None:
-            nonlocal status, started_response
+            nonlocal status, started_response, completed
             if message["type"] == "http.response.start":
                 status = message["status"]
                 started_response = True
                 extra = [(b"connection", b"close")] if close else []
                 message = {**message, "headers": [*message.get("headers", ()), *ids, *extra]}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                completed = True
             await send(message)
+
+        def watch() -> asyncio.Future[Message]:
+            # Once the body is read, the only message left is http.disconnect. One reader for it,
+            # shared by the app (Starlette's streams watch for it) and the cancellation below.
+            nonlocal watcher
+            if watcher is None:
+                watcher = asyncio.ensure_future(receive())
+                watcher.add_done_callback(lambda _: disconnected.set())
+            return watcher
 
         async def answer(code: int, error: str) -> None:
             nonlocal close
@@ -113,7 +140,7 @@ class RequestMiddleware:
             # Raises PredictorErrors, which the app's handler answers (413/408) like any bad input.
             nonlocal received, body_done, close
             if body_done:
-                return await receive()  # after the body: Starlette's disconnect watch, no deadline
+                return await asyncio.shield(watch())  # after the body: the disconnect, no deadline
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
@@ -129,7 +156,29 @@ class RequestMiddleware:
                 body_done = not message.get("more_body", False)
             else:
                 body_done = True
+            if body_done:
+                watch()
             return message
+
+        async def until_answered_or_gone() -> None:
+            """Run the app; if the client goes away before its answer is complete, cancel the app: the
+            work stops at the next engine call or window, and the request counts as 499."""
+            nonlocal status
+            app = asyncio.ensure_future(self.app(scope, limited_receive, send_with_ids))
+            gone = asyncio.ensure_future(disconnected.wait())
+            try:
+                await asyncio.wait({app, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not app.done() and not completed:
+                    app.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await app
+                    status = CLIENT_CLOSED_REQUEST
+                    return
+                await app
+            finally:
+                gone.cancel()
+                if not app.done():
+                    app.cancel()
 
         captured, token = begin() if self._recorder is not None else (None, None)
         try:
@@ -138,7 +187,12 @@ class RequestMiddleware:
                 await answer(*refusal)
             elif self._service is not None and scope.get("method") == "POST":
                 async with self._service.admit(rid, scope.get("path", "")):
-                    await self.app(scope, limited_receive, send_with_ids)
+                    if _is_event(scope["headers"]):
+                        # An event is finished whoever waits: the bus redelivers it, and the work done
+                        # (an output written once) answers the redelivery.
+                        await self.app(scope, limited_receive, send_with_ids)
+                    else:
+                        await until_answered_or_gone()
             else:
                 await self.app(scope, limited_receive, send_with_ids)
         except Exception as exc:
@@ -155,6 +209,8 @@ class RequestMiddleware:
             status = 500
             await answer(500, f"internal error ({type(exc).__name__}); request id {rid}")
         finally:
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
             route = getattr(scope.get("route"), "path", None)
             metrics.REQUESTS.labels(route or "unmatched", str(status)).inc()
             if status >= 400:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from predictor import text as text_prep
+from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
 
@@ -20,6 +22,8 @@ _DOUBLE_PARAM, _UINT64_PARAM = 4, 5
 _WIRE_FIXED64, _WIRE_VARINT = 1, 0
 
 SYNTH_PARAMS = ("length_scale", "noise_scale", "noise_w", "voice", "seed")
+# torch's generators take a 64-bit seed; a larger integer would be truncated (or echoed as a float).
+SEED_RANGE = (0, 2**64 - 1)
 
 
 # Request parameters the v2 protocol and its clients (Triton's, KServe's) send on their own.
@@ -85,7 +89,10 @@ def parse_params(
         if name in ("length_scale", "noise_scale", "noise_w"):
             values[name] = _number(name, value, strings_allowed)
         elif name == "seed":
-            values[name] = _integer(name, value, strings_allowed)
+            seed = _integer(name, value, strings_allowed)
+            if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+                raise BadRequest(f"parameter seed must be an integer from 0 to 2**64-1, got {seed}")
+            values[name] = seed
         elif name == "voice":
             if not isinstance(value, str) or not value:
                 raise BadRequest("parameter voice must be a non-empty string")
@@ -95,10 +102,39 @@ def parse_params(
     return SynthesisParams(**values)
 
 
-def decode_texts(items: Any, where: str = "text") -> list[str]:
+@dataclass(frozen=True)
+class TextLimits:
+    """How many texts, and how long each, a request may send (MAX_BATCH_ITEMS, MAX_TEXT_CHARS)."""
+
+    max_items: int
+    max_chars: int
+
+    @classmethod
+    def of(cls, settings: Settings, max_items: int | None = None) -> TextLimits:
+        return cls(settings.max_batch_items if max_items is None else max_items, settings.max_text_chars)
+
+
+def check_count(n: int, max_items: int) -> None:
+    if n > max_items:
+        raise BadRequest(f"{n} texts in one request; the limit is MAX_BATCH_ITEMS={max_items}")
+
+
+def check_length(i: int, chars: int, max_chars: int) -> None:
+    if chars > max_chars:
+        raise BadRequest(f"text[{i}] has {chars} characters; the limit is MAX_TEXT_CHARS={max_chars}")
+
+
+def decode_texts(items: Any, where: str = "text", limits: TextLimits | None = None) -> list[str]:
     """Texts as every protocol sends them (str or UTF-8 bytes), normalized once, here at the boundary:
     control characters (NUL included) and lone surrogates become spaces, so none ever reaches
-    espeak-ng; see text.normalize."""
+    espeak-ng; see text.normalize.
+
+    ``limits`` are checked first, on the texts as sent (decoding and counting characters run in C,
+    normalizing runs in Python): a text far over MAX_TEXT_CHARS is refused in microseconds instead of being
+    normalized first, which held the event loop for seconds.
+    """
+    if limits is not None:
+        check_count(len(items), limits.max_items)
     out = []
     for i, item in enumerate(items):
         if isinstance(item, (bytes, bytearray, np.bytes_)):
@@ -110,5 +146,7 @@ def decode_texts(items: Any, where: str = "text") -> list[str]:
                 ) from None
         if not isinstance(item, str):
             raise BadRequest(f"{where}[{i}] must be a UTF-8 string, got {type(item).__name__}")
+        if limits is not None:
+            check_length(i, len(item), limits.max_chars)
         out.append(text_prep.normalize(item))
     return out

@@ -29,9 +29,10 @@ import numpy as np
 from predictor import text as text_prep
 from predictor.config import Settings
 from predictor.engine.base import Engine, StreamWindows, SynthesisParams
-from predictor.errors import BadRequest, NothingToSpeak, NotReady
+from predictor.errors import BadRequest, NothingToSpeak, NotReady, PayloadTooLarge
 from predictor.observability import metrics, tracing
 from predictor.serving.batcher import Batcher
+from predictor.serving.params import check_count, check_length
 from predictor.shadow import recorder as records
 
 log = logging.getLogger("predictor.service")
@@ -60,6 +61,7 @@ class Admission:
     # calls it makes (a speech request makes one per segment).
     ready_checked: bool = False
     params_checked: SynthesisParams | None = None
+    work_checked: bool = False
 
 
 # The admission of the request this task serves; copied into the tasks it starts (a stream's body,
@@ -186,22 +188,41 @@ class TTSService:
         self.require_ready()
         if not texts:
             raise BadRequest("no text given: send at least one item")
-        if len(texts) > self.settings.max_batch_items:
-            raise BadRequest(
-                f"{len(texts)} texts in one request; the limit is MAX_BATCH_ITEMS={self.settings.max_batch_items}"
-            )
+        check_count(len(texts), self.settings.max_batch_items)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise BadRequest(f"text[{i}] must be a string")
             if not text.strip():
                 raise BadRequest(f"text[{i}] is empty or whitespace only")
-            if len(text) > self.settings.max_text_chars:
-                raise BadRequest(
-                    f"text[{i}] has {len(text)} characters; the limit is MAX_TEXT_CHARS={self.settings.max_text_chars}"
-                )
+            check_length(i, len(text), self.settings.max_text_chars)
             if not text_prep.has_pronounceable(text):
                 raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
         self._check_params(params)
+        admission = self._admission()
+        if admission is None or not admission.work_checked:
+            # Once per request: the speech route checks its whole input itself, segment count included.
+            self.check_work(sum(map(len, texts)), 1, params.length_scale)
+
+    def check_work(self, chars: int, engine_calls: int, length_scale: float | None) -> None:
+        """Refuse, with 413 before any synthesis, a request that would make more engine calls or more
+        audio than one request may (MAX_ENGINE_CALLS, MAX_REQUEST_AUDIO_S)."""
+        limit = self.settings.max_engine_calls
+        if engine_calls > limit:
+            raise PayloadTooLarge(
+                f"the input makes {engine_calls} engine calls (one per sentence or segment); the limit "
+                f"is MAX_ENGINE_CALLS={limit}: join short sentences or split the request"
+            )
+        scale = length_scale if length_scale is not None else (self.settings.length_scale_default or 1.0)
+        seconds = text_prep.spoken_seconds_bound_chars(chars, scale)
+        if seconds > self.settings.max_request_audio_s:
+            raise PayloadTooLarge(
+                f"the input may make up to {seconds:.0f} s of audio ({chars} characters at length_scale "
+                f"{scale:g}); the limit is MAX_REQUEST_AUDIO_S={self.settings.max_request_audio_s:g}: "
+                "split the request"
+            )
+        admission = self._admission()
+        if admission is not None:
+            admission.work_checked = True
 
     def check_params(self, params: SynthesisParams) -> None:
         """Readiness and the parameters (seed, voice), for a route that checks them before any text (the

@@ -10,6 +10,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from predictor.observability import logs
 from testing.bodies import v2_request
 
 GOOD = v2_request("Still serving.")
@@ -144,6 +145,17 @@ def test_malformed_cloudevent_gets_400(predictor, headers, data, reason):
     assert reason in response.json()["error"]
 
 
+@pytest.mark.parametrize("body", [b'{"text": ', b"[" * 2000], ids=["cut short", "nested too deep"])
+def test_binary_cloudevent_whose_data_is_not_json_gets_400_saying_so_plainly(predictor, body):
+    headers = {**EVENT, "ce-type": "dev.tts-predictor.synthesize.v1"}
+    response = predictor.post("/v1/models/tts:predict", headers=headers, content=body)
+
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error.startswith("event data is not valid JSON: "), error
+    assert "BadRequest" not in error and "unmarshall" not in error
+
+
 def test_structured_cloudevent_that_is_not_json_gets_400(predictor):
     response = predictor.post(
         "/v1/models/tts:predict",
@@ -186,3 +198,61 @@ def test_more_texts_than_max_batch_items_get_400_naming_the_limit(plain_predicto
     assert at_limit.status_code == 200, at_limit.text
     assert over.status_code == 400
     assert "3 texts" in over.json()["error"] and "MAX_BATCH_ITEMS=2" in over.json()["error"]
+
+
+def test_a_letter_under_two_thousand_accents_costs_one_engine_call_on_the_speech_route(predictor):
+    # Issue 25's attack: 1,701 one-character segments kept a core busy for about seven minutes.
+    calls_before = predictor.metric("tts_batch_size_count")
+    engine_before = predictor.metric("tts_synthesis_seconds_sum")
+
+    response = predictor.post(
+        "/v1/audio/speech",
+        json={"model": "tts", "input": "a" + "\u0301" * 2000, "response_format": "wav"},
+        timeout=30,
+    )
+
+    assert response.status_code == 200, response.text
+    assert predictor.metric("tts_batch_size_count") - calls_before == 1
+    assert predictor.metric("tts_synthesis_seconds_sum") - engine_before < 1.0
+
+
+def _new_log_lines(predictor, before: int) -> list[dict]:
+    return [json.loads(line) for line in predictor.logs().splitlines()[before:] if line.strip()]
+
+
+def test_repeated_client_errors_log_a_few_lines_without_a_traceback(predictor):
+    before = len(predictor.logs().splitlines())
+    client = triton_grpc.InferenceServerClient(predictor.grpc)
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Hello."], dtype=object))
+
+    for _ in range(20):
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("no-such-model", [text])
+        assert "NOT_FOUND" in str(caught.value.status())
+        assert predictor.post("/v2/models/tts/infer", json={"inputs": []}).status_code == 400
+
+    lines = _new_log_lines(predictor, before)
+    assert not [line for line in lines if "exc" in line], "a client error was logged with a traceback"
+    # 40 bad requests: the gRPC ones log one line each up to the burst, REST 400s none.
+    assert 1 <= len(lines) <= logs.CLIENT_ERROR_BURST, lines
+    assert all(line["logger"] == "predictor.client_errors" and "NOT_FOUND" in line["msg"] for line in lines)
+
+
+def test_a_speed_that_is_not_a_number_is_400_saying_it_must_be_finite(predictor):
+    body = b'{"model": "tts", "input": "Hello.", "speed": NaN}'
+
+    response = predictor.post("/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+
+    assert response.status_code == 400, response.text
+    assert "speed" in response.json()["error"] and "finite" in response.json()["error"]
+
+
+@pytest.mark.parametrize("seed", [2**80, -1])
+def test_a_seed_outside_64_bits_is_400_naming_the_range(predictor, seed):
+    response = predictor.post(
+        "/v2/models/tts/infer", json={**v2_request("Hello."), "parameters": {"seed": seed}}
+    )
+
+    assert response.status_code == 400, response.text
+    assert "seed must be an integer from 0 to 2**64-1" in response.json()["error"]

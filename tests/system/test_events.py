@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+from botocore.exceptions import ClientError
 
 from predictor.config import Settings
 from predictor.errors import OutputError
@@ -29,7 +30,7 @@ from testing.audio import check_encoded
 from testing.bodies import v2_request
 from testing.ports import free_port
 from testing.s3 import aws_env, s3_client
-from testing.s3_relay import S3Relay
+from testing.s3_relay import S3Relay, Seen
 
 REQUEST_TYPE = "dev.tts-predictor.synthesize.v1"
 REPLY_TYPE = "dev.tts-predictor.synthesized.v1"
@@ -379,7 +380,10 @@ def test_storage_5xx_is_a_502_the_broker_retries_and_nothing_is_synthesized(fail
     )  # the record lookup failed first: no engine time spent on an event that will be retried
 
 
-def test_two_replicas_racing_on_one_event_write_one_object(s3_env, s3):
+def test_two_replicas_racing_on_one_event_write_one_object(s3_env, s3, monkeypatch):
+    # Completions go to moto one at a time, as S3 decides conditional writes (testing/s3_relay.py).
+    relay = S3Relay(s3_env, one_at_a_time=lambda method, path: method == "POST" and "uploadId=" in path)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
     replicas = [OutputStore(Settings()), OutputStore(Settings())]
     target = parse_output_uri(fresh_output("pcm"))
     audio = _audio(4096)
@@ -395,7 +399,10 @@ def test_two_replicas_racing_on_one_event_write_one_object(s3_env, s3):
 
         return await asyncio.gather(*(r.complete(target, "r" * 64, "d", produce) for r in replicas))
 
-    first, second = asyncio.run(race())
+    try:
+        first, second = asyncio.run(race())
+    finally:
+        relay.close()
 
     assert produced == [1, 1]
     assert first.data == second.data and first.data["sha256"] == audio.sha256
@@ -459,3 +466,67 @@ def test_a_failed_multipart_upload_is_aborted_and_leaves_nothing(s3_env, s3, mon
     assert len(relay.requests("DELETE", "uploadId=")) == 1
     assert not s3.list_multipart_uploads(Bucket=BUCKET, Prefix=target.key).get("Uploads")
     assert versions(s3, target.uri) == []
+
+
+def _completions(relay: S3Relay) -> list[Seen]:
+    return relay.requests("POST", "uploadId=")
+
+
+def test_an_upload_that_failed_is_aborted_before_the_error_so_its_late_completion_cannot_land(
+    s3_env, s3, monkeypatch
+):
+    # The completion is lost on its way (the upstream never sees it), as on a link that stalls; what
+    # must not happen is that it arrives after the event was answered with an error and lands there.
+    relay = S3Relay(s3_env)
+    relay.fail(lambda method, path: method == "POST" and "uploadId=" in path, status=500)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+    store = OutputStore(Settings())
+    target = parse_output_uri(fresh_output("pcm"))
+    audio = _audio(4096)
+
+    try:
+        with pytest.raises(OutputError):
+            asyncio.run(store.complete(target, "l" * 64, "d", lambda: _produce_once(audio, [])))
+    finally:
+        relay.close()
+
+    (completion,) = _completions(relay)
+    upload_id = completion.path.split("uploadId=", 1)[1].split("&", 1)[0]
+    assert len(relay.requests("DELETE", f"uploadId={upload_id}")) == 1  # aborted before the reply
+    # The same completion arriving late: S3 refuses it, so the error the caller got stays true.
+    etag = '"' + hashlib.md5(audio.data).hexdigest() + '"'
+    with pytest.raises(ClientError) as late:
+        s3.complete_multipart_upload(
+            Bucket=BUCKET,
+            Key=target.key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": [{"ETag": etag, "PartNumber": 1}]},
+        )
+    # S3 answers NoSuchUpload; moto's KeyError on the aborted upload comes back as a bare 500.
+    assert late.value.response["Error"]["Code"] in ("NoSuchUpload", "500")
+    assert versions(s3, target.uri) == []
+
+
+def test_an_output_whose_completion_landed_though_its_answer_was_lost_is_written_once(
+    s3_env, s3, monkeypatch
+):
+    relay = S3Relay(s3_env)
+    relay.fail(lambda method, path: method == "POST" and "uploadId=" in path, status=500, applied=True)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", relay.url)
+    store = OutputStore(Settings())
+    target = parse_output_uri(fresh_output("pcm"))
+    audio = _audio(4096)
+    calls: list[int] = []
+
+    try:
+        completion = asyncio.run(store.complete(target, "w" * 64, "d", lambda: _produce_once(audio, calls)))
+    finally:
+        relay.close()
+
+    # The abort found the upload completed, the object held this event's audio: a success, not a retry.
+    assert completion.data["sha256"] == audio.sha256 and calls == [1]
+    assert len(_completions(relay)) == 1 and len(relay.requests("DELETE", "uploadId=")) == 1
+    assert len(versions(s3, target.uri)) == 1
+    assert hashlib.sha256(download(s3, target.uri)).hexdigest() == audio.sha256
+    record = s3.get_object(Bucket=BUCKET, Key=target.record_key("w" * 64))["Body"].read()
+    assert json.loads(record)["reply"]["sha256"] == audio.sha256

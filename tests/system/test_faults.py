@@ -283,11 +283,20 @@ def test_event_output_under_a_fault_is_503_leaves_nothing_and_its_redelivery_wri
     assert failed.status_code == 503, failed.text
     assert "retry later" in failed.json()["error"]
     assert _objects(s3, prefix) == []  # no partial object, no completion record
+    # A failure reply is final: what the stalled connection still held, relayed now that the fault is
+    # gone, cannot make the output appear after the caller was told it failed.
+    time.sleep(_LATE_WRITE_S)
+    assert _objects(s3, prefix) == []
     again = _event(predictor, event_id, data)
     assert again.status_code == 200, again.text
     assert _objects(s3, prefix) == [f"{prefix}.tts-events/{_record_name(event_id)}", f"{prefix}out.wav"]
     body = s3.get_object(Bucket=OUTPUTS, Key=f"{prefix}out.wav")["Body"].read()
     assert hashlib.sha256(body).hexdigest() == again.json()["sha256"]
+
+
+# How long a late write gets to land: the proxy relays what it held within milliseconds of the fault
+# clearing, and moto applies a request as it arrives.
+_LATE_WRITE_S = 1.5
 
 
 def _record_name(event_id: str) -> str:

@@ -165,7 +165,17 @@ def test_every_description_gives_a_unit_or_values_and_the_default_a_reason():
         )
         if isinstance(default, int | float) and not isinstance(default, bool):
             words = ("second", " ms", "bytes", "mib", "characters", "connections", "texts", "requests")
-            words += ("records", "headers", "a fraction", "frames", "port", "retries", "threads", "[0.1, 5]")
+            words += (
+                "records",
+                "headers",
+                "a fraction",
+                "frames",
+                "port",
+                "retries",
+                "threads",
+                "[0.1, 5]",
+                "calls",
+            )
             has_unit = name.endswith(units) or any(w in text.lower() for w in words)
             assert has_unit, f"{name.upper()}: no unit in the name or the description"
 

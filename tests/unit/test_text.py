@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import inspect
+import math
 import random
 import time
+import unicodedata
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from predictor.audio.crossfade import CrossfadeJoiner, join
-from predictor.text import iter_segments, normalize, split_segments
+from predictor.text import MAX_COMBINING_RUN, has_pronounceable, iter_segments, normalize, split_segments
 
 SAMPLE_RATE = 22050
 FADE_MS = 50.0
@@ -323,3 +327,71 @@ def test_join_of_one_segment_returns_it_and_of_none_returns_empty():
 def test_joiner_rejects_multichannel_audio():
     with pytest.raises(ValueError, match="expected mono 1-D audio"):
         CrossfadeJoiner(SAMPLE_RATE).push(np.zeros((2, 100), dtype=np.float32))
+
+
+# --- combining marks: a letter with its marks is one unit ----------------------------------------
+
+ACCENT = "\u0301"  # combining acute accent
+
+
+@pytest.mark.parametrize("marks", [2_000, 49_999])
+def test_a_letter_under_thousands_of_accents_is_one_short_segment_found_quickly(marks):
+    # The attack from issue 25: 2 KB of accents was 1,701 one-character segments, one engine call each.
+    started = time.perf_counter()
+    normalized = normalize("a" + ACCENT * marks)
+    segments = split_segments(normalized, 300)
+    elapsed = time.perf_counter() - started
+
+    assert normalized == "\u00e1" + ACCENT * MAX_COMBINING_RUN  # NFC composes the first accent: á
+    assert segments == [normalized]
+    assert elapsed < 0.5
+
+
+def test_combining_marks_alone_are_nothing_to_speak():
+    assert not has_pronounceable(normalize(ACCENT * 40))
+    assert split_segments(normalize(ACCENT * 40), 300) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["नमस्ते दुनिया", "Tiếng Việt có dấu", "e\u0301te\u0301 a\u0300 Paris", "שָׁלוֹם עוֹלָם"],
+    ids=["hindi", "vietnamese", "decomposed-french", "hebrew-points"],
+)
+def test_ordinary_combining_marks_are_kept(text):
+    assert normalize(text) == unicodedata.normalize("NFC", text)
+
+
+def test_segments_never_separate_a_letter_from_its_marks():
+    word = ("e" + ACCENT * 3) * 40  # 160 characters, no space to cut at: hard cuts only
+    segments = split_segments(normalize(f"{word} {word}"), 50)
+
+    assert all(not unicodedata.combining(segment[0]) for segment in segments)
+    assert "".join(segments).replace(" ", "") == normalize(word + word)
+    assert len(segments) <= 2 * math.ceil(len(word) * 2 / 50)
+
+
+def _clean_one_char_at_a_time(text: str) -> str:
+    """The rules of normalize's cleaning step, one character at a time: the reference the fast path
+    (str.translate and regular expressions) must agree with."""
+    out, marks = [], 0
+    # Invisible characters go first: marks they separated are one run (else they would beat the cap).
+    for ch in (c for c in text if c not in "\u00ad\u200b\u2060\ufeff"):
+        marks = marks + 1 if unicodedata.combining(ch) else 0
+        if marks > MAX_COMBINING_RUN:
+            continue
+        category = unicodedata.category(ch)
+        out.append(" " if (category == "Cc" and not ch.isspace()) or category == "Cs" else ch)
+    return "".join(out)
+
+
+_ALPHABET = st.sampled_from(
+    [*"ab -—–\t\n\r\x00\x07\x85\u2028.,", "\u0301", "\u0308", "\u00ad", "\ufeff", "\ud800", "é", "你", "ß"]
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(_ALPHABET | st.just("\u0301" * 31), max_size=80).map("".join))
+def test_normalize_cleans_as_the_one_character_at_a_time_rules_say(text):
+    from predictor.text import _clean
+
+    assert _clean(text) == _clean_one_char_at_a_time(text)
