@@ -14,7 +14,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from predictor import text as text_prep
 from predictor.config import Settings
-from predictor.engine.base import SynthesisParams
+from predictor.engine.base import SEED_LIMIT, SynthesisParams
 from predictor.errors import BadRequest
 
 # Protobuf field numbers and wire types of the v2 InferParameter oneof (double_param, uint64_param).
@@ -22,8 +22,6 @@ _DOUBLE_PARAM, _UINT64_PARAM = 4, 5
 _WIRE_FIXED64, _WIRE_VARINT = 1, 0
 
 SYNTH_PARAMS = ("length_scale", "noise_scale", "noise_w", "voice", "seed")
-# torch's generators take a 64-bit seed; a larger integer would be truncated (or echoed as a float).
-SEED_RANGE = (0, 2**64 - 1)
 
 
 # Request parameters the v2 protocol and its clients (Triton's, KServe's) send on their own.
@@ -89,10 +87,11 @@ def parse_params(
         if name in ("length_scale", "noise_scale", "noise_w"):
             values[name] = _number(name, value, strings_allowed)
         elif name == "seed":
-            seed = _integer(name, value, strings_allowed)
-            if not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-                raise BadRequest(f"parameter seed must be an integer from 0 to 2**64-1, got {seed}")
-            values[name] = seed
+            if isinstance(value, float) and value.is_integer() and not 0 <= value < SEED_LIMIT:
+                # orjson reads an integer literal beyond 64 bits as a float: say what was sent, an
+                # integer out of range (SynthesisParams' own check), not "a float".
+                value = int(value)
+            values[name] = _integer(name, value, strings_allowed)
         elif name == "voice":
             if not isinstance(value, str) or not value:
                 raise BadRequest("parameter voice must be a non-empty string")
