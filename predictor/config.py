@@ -102,6 +102,16 @@ def take_deprecations() -> list[str]:
     return found
 
 
+# Settings whose 0 once meant a word, and the word it meant (read with a deprecation warning).
+_ZERO_MEANS = {
+    "grpc_port": "none",
+    "gpu_memory_fraction": "none",
+    "cpu_threads": "auto",
+    "max_batch_size": "auto",
+    "default_length_scale": "voice",
+}
+
+
 def _word_for_zero(word: str, value: Any, variable: str) -> Any:
     """`word` for the 0 older manifests used to mean it (still read, with a warning)."""
     if isinstance(value, str) and value.strip().lower() == word:
@@ -506,30 +516,11 @@ class Settings(BaseSettings):
         "inference port.",
     )
 
-    @field_validator("grpc_port", mode="before")
+    @field_validator(*_ZERO_MEANS, mode="before")
     @classmethod
-    def _grpc_port(cls, v: Any) -> Any:
-        return _word_for_zero("none", v, "GRPC_PORT")
-
-    @field_validator("gpu_memory_fraction", mode="before")
-    @classmethod
-    def _gpu_memory_fraction(cls, v: Any) -> Any:
-        return _word_for_zero("none", v, "GPU_MEMORY_FRACTION")
-
-    @field_validator("cpu_threads", mode="before")
-    @classmethod
-    def _cpu_threads(cls, v: Any) -> Any:
-        return _word_for_zero("auto", v, "CPU_THREADS")
-
-    @field_validator("max_batch_size", mode="before")
-    @classmethod
-    def _max_batch_size(cls, v: Any) -> Any:
-        return _word_for_zero("auto", v, "MAX_BATCH_SIZE")
-
-    @field_validator("default_length_scale", mode="before")
-    @classmethod
-    def _default_length_scale(cls, v: Any) -> Any:
-        return _word_for_zero("voice", v, "DEFAULT_LENGTH_SCALE")
+    def _zero_as_word(cls, v: Any, info: ValidationInfo) -> Any:
+        name = info.field_name or ""
+        return _word_for_zero(_ZERO_MEANS[name], v, name.upper())
 
     @field_validator("model_aliases", "ce_output_prefixes", mode="before")
     @classmethod
