@@ -17,8 +17,8 @@ from predictor.api.v2_codec import (
     encode_grpc,
 )
 from predictor.errors import NotReady
+from predictor.serving.limits import TextLimits
 from predictor.serving.offload import INLINE_BYTES, off_loop
-from predictor.serving.params import TextLimits
 from predictor.serving.service import TTSService
 
 

@@ -34,7 +34,7 @@ from kserve.protocol.infer_type import InferRequest
 from predictor.api.checks import require_model
 from predictor.api.v2_codec import add_grpc_outputs, decode_v2
 from predictor.errors import BadRequest, PredictorError
-from predictor.serving.params import TextLimits
+from predictor.serving.limits import TextLimits
 from predictor.serving.service import TTSService
 
 log = logging.getLogger("predictor.stream_infer")

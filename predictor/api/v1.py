@@ -18,8 +18,9 @@ from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
 from predictor.events import cloudevents
 from predictor.events.outputs import OutputStore
+from predictor.serving.limits import TextLimits
 from predictor.serving.offload import off_loop
-from predictor.serving.params import TextLimits, decode_texts, parse_params
+from predictor.serving.params import decode_texts, parse_params
 from predictor.serving.service import SynthesisResult, TTSService
 
 

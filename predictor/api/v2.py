@@ -24,8 +24,8 @@ from predictor.api.v2_codec import (
 )
 from predictor.config import Settings
 from predictor.errors import BadRequest
+from predictor.serving.limits import TextLimits
 from predictor.serving.offload import off_loop
-from predictor.serving.params import TextLimits
 from predictor.serving.service import TTSService
 
 

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from predictor.api.handlers import validation_problems
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
-from predictor.serving.params import TextLimits, decode_texts, parse_params, plain_value
+from predictor.serving.limits import TextLimits
+from predictor.serving.params import decode_texts, parse_params, plain_value
 from predictor.serving.service import SynthesisResult
 
 OUTPUTS = ("audio", "audio_length")

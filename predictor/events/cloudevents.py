@@ -53,7 +53,8 @@ from predictor.events.outputs import (
     now_iso,
     parse_output_uri,
 )
-from predictor.serving.params import TextLimits, decode_texts, parse_params
+from predictor.serving.limits import TextLimits
+from predictor.serving.params import decode_texts, parse_params
 from predictor.serving.service import TTSService
 
 STRUCTURED = "application/cloudevents+json"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,9 +12,9 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 
 from predictor import text as text_prep
-from predictor.config import Settings
 from predictor.engine.base import SEED_LIMIT, SynthesisParams
 from predictor.errors import BadRequest
+from predictor.serving.limits import TextLimits, check_count, check_length
 
 # Protobuf field numbers and wire types of the v2 InferParameter oneof (double_param, uint64_param).
 _DOUBLE_PARAM, _UINT64_PARAM = 4, 5
@@ -99,28 +98,6 @@ def parse_params(
         elif name not in extra_ok:
             raise BadRequest(f"unknown parameter {name!r}; accepted: {', '.join(SYNTH_PARAMS)}")
     return SynthesisParams(**values)
-
-
-@dataclass(frozen=True)
-class TextLimits:
-    """How many texts, and how long each, a request may send (MAX_BATCH_ITEMS, MAX_TEXT_CHARS)."""
-
-    max_items: int
-    max_chars: int
-
-    @classmethod
-    def of(cls, settings: Settings, max_items: int | None = None) -> TextLimits:
-        return cls(settings.max_batch_items if max_items is None else max_items, settings.max_text_chars)
-
-
-def check_count(n: int, max_items: int) -> None:
-    if n > max_items:
-        raise BadRequest(f"{n} texts in one request; the limit is MAX_BATCH_ITEMS={max_items}")
-
-
-def check_length(i: int, chars: int, max_chars: int) -> None:
-    if chars > max_chars:
-        raise BadRequest(f"text[{i}] has {chars} characters; the limit is MAX_TEXT_CHARS={max_chars}")
 
 
 def decode_texts(items: Any, where: str = "text", limits: TextLimits | None = None) -> list[str]:

@@ -32,7 +32,7 @@ from predictor.engine.base import Engine, StreamWindows, SynthesisParams
 from predictor.errors import BadRequest, NothingToSpeak, NotReady, PayloadTooLarge
 from predictor.observability import metrics, tracing
 from predictor.serving.batcher import Batcher
-from predictor.serving.params import check_count, check_length
+from predictor.serving.limits import check_count, check_length
 from predictor.shadow import recorder as records
 
 log = logging.getLogger("predictor.service")
