@@ -6,7 +6,7 @@ CACHE    := .cache
 S3_PORT  ?= 9000
 VOICE_URI ?= s3://voices/en_US-joe-medium
 
-.PHONY: install system-packages run test fuzz bench overload load lint image base-image image-sizes manifests validate clean
+.PHONY: install system-packages run test fuzz bench overload load lint image base-image image-sizes manifests validate schemas clean
 
 install: $(VENV)/.installed
 
@@ -58,6 +58,12 @@ manifests: install
 # Validate every rendered object strictly (schemas, lints, cross-checks); no cluster needed.
 validate: install
 	$(BIN)/python -m tools.manifests validate
+
+# Regenerate cluster/schemas (the JSON schemas `validate` uses) from the CRDs of the modules pinned in
+# cluster/versions.toml, read from Go's module cache (`go mod download`); committed, so `validate` needs
+# neither Go nor the network.
+schemas: install
+	$(BIN)/python -m cluster.schemas
 
 bench: install
 	$(BIN)/python -m bench
