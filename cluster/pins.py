@@ -30,10 +30,13 @@ class Component:
         return [self.module if p == "." else f"{self.module}/{p}" for p in self.packages]
 
     def binary_names(self) -> list[str]:
-        # `go build -o dir/` names a binary after the last path element (etcd's is "v3": renamed).
-        return [
-            {"go.etcd.io/etcd/server/v3": "etcd"}.get(p, p.rsplit("/", 1)[-1]) for p in self.package_paths()
-        ]
+        # A binary is named after its package's last element (etcd's would be "v3"); the platform's
+        # carry their project's name, since KEDA and the HTTP add-on both have an "operator".
+        rename = {"go.etcd.io/etcd/server/v3": "etcd"}
+        names = [rename.get(p, p.rsplit("/", 1)[-1]) for p in self.package_paths()]
+        if self.group in ("kubernetes", "coredns"):
+            return names
+        return [f"{self.group}-{name}" for name in names]
 
 
 @dataclass

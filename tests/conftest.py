@@ -32,6 +32,10 @@ from testing.s3 import (
     publish_voice,
 )
 
+# tests/e2e needs the cluster of `make cluster` (an hour's cold build): `make e2e` collects it (E2E=1),
+# `make test` never does.
+collect_ignore = [] if os.environ.get("E2E") else ["e2e"]
+
 # Files the scan reads: what predictors, moto, Prometheus, nginx and shadow sinks write. Model
 # weights (tens of MB per predictor) are skipped: they are the published voice, not output.
 SCANNED_SUFFIXES = (".log", ".jsonl", ".json", ".txt", ".yml", ".conf")

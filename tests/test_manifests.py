@@ -116,6 +116,13 @@ def _remove(path: str) -> Callable[[dict], None]:
 
 
 MUTATIONS = [
+    (
+        "keda replica bounds inverted",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        _set("/spec/minReplicaCount", 5),
+        "minReplicaCount 5 is above maxReplicaCount",
+    ),
     # One per domain whose keys the lint knows from upstream source (tools/manifests.py KNOWN_KEYS).
     (
         "keda annotation typo",

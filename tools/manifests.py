@@ -683,6 +683,19 @@ def _mirror_problems(deployment: Deployment) -> list[str]:
     return problems
 
 
+def _replica_bound_problems(scaled: Obj) -> list[str]:
+    # What KEDA's admission webhook refuses and no schema says (v2.18 CheckReplicaCountBoundsAreValid,
+    # found by tests/e2e against the real webhook): a set minReplicaCount counts as at least 1 there.
+    spec, where = scaled["spec"], describe(scaled)
+    least = max(spec["minReplicaCount"], 1) if "minReplicaCount" in spec else 0
+    most = spec.get("maxReplicaCount", 100)
+    if least > most:
+        return [f"{where}: minReplicaCount {spec['minReplicaCount']} is above maxReplicaCount {most}"]
+    if "idleReplicaCount" in spec and spec["idleReplicaCount"] >= least:
+        return [f"{where}: idleReplicaCount {spec['idleReplicaCount']} must be below minReplicaCount {least}"]
+    return []
+
+
 def _keda_problems(deployment: Deployment) -> list[str]:
     problems = []
     for scaled in deployment.kind("ScaledObject"):
@@ -695,6 +708,7 @@ def _keda_problems(deployment: Deployment) -> list[str]:
             problems.append(
                 f"{where}: {describe(isvc)} is not autoscalerClass external; KServe's HPA would fight KEDA"
             )
+        problems += _replica_bound_problems(scaled)
         types = {t["type"] for t in scaled["spec"]["triggers"]}
         if scaled["spec"].get("minReplicaCount", 0) == 0 and not types & WAKES_FROM_ZERO:
             problems.append(
