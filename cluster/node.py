@@ -143,6 +143,8 @@ def start_holder(record: Record) -> int:
         "mount -t tmpfs -o mode=755 ttsk8s-netns /run/netns",
         "mount -t tmpfs -o mode=711 ttsk8s-containerd /run/containerd",
         f"mount --bind {STATE}/cni-lib /var/lib/cni",
+        # Controllers running as node processes resolve Service names as pods do (through CoreDNS).
+        f"mount --bind {_node_resolv_conf()} /etc/resolv.conf",
         f"echo ready > {STATE}/holder.ready",
         "exec sleep infinity",
     ]
@@ -201,6 +203,12 @@ def _kernel_tunable_mounts() -> list[str]:
         file.write_text(value + "\n")
         steps.append(f"mount --bind -o ro {file} /proc/sys/{key}")
     return steps
+
+
+def _node_resolv_conf() -> Path:
+    file = STATE / "node-resolv.conf"
+    file.write_text(f"nameserver {DNS_IP}\nsearch svc.cluster.local cluster.local\noptions ndots:5\n")
+    return file
 
 
 def _cgroup_mounts() -> list[str]:
@@ -431,6 +439,8 @@ def commands() -> dict[str, list[str]]:
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             f"--kubelet-client-certificate={d}/apiserver-kubelet-client.crt",
             f"--kubelet-client-key={d}/apiserver-kubelet-client.key",
+            # The node's name resolves nowhere (no DNS outside the cluster): call the kubelet at its IP.
+            "--kubelet-preferred-address-types=InternalIP",
             f"--requestheader-client-ca-file={d}/front-proxy-ca.crt",
             "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
@@ -665,7 +675,7 @@ def ours(record: dict) -> set[int]:
             (mntns and _readlink(f"/proc/{pid}/ns/mnt") == mntns)
             or (netns and _readlink(f"/proc/{pid}/ns/net") == netns)
             or str(STATE) in _cmdline(pid)
-            or f"/run/netns/{NETNS}" in _cmdline(pid)
+            or f"/run/netns/{PREFIX}" in _cmdline(pid)
         ):
             found.add(pid)
     found |= _cgroup_pids()

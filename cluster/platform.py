@@ -188,13 +188,133 @@ def start_keda_webhooks(record: node.Record) -> None:
     _apply(webhook_configurations(root / "config/webhooks/validation_webhooks.yaml", KEDA_WEBHOOK_PORT, subs))
 
 
+def _node_service(name: str, namespace: str, port: int, target: int) -> list[dict[str, Any]]:
+    """A Service without selector whose one endpoint is a process of the node (at the node IP)."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"ports": [{"name": "main", "port": port, "targetPort": target, "protocol": "TCP"}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{name}-node",
+                "namespace": namespace,
+                "labels": {
+                    "kubernetes.io/service-name": name,
+                    "endpointslice.kubernetes.io/managed-by": "ttsk8s",
+                },
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "main", "port": target, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [node.NODE_IP], "conditions": {"ready": True}}],
+        },
+    ]
+
+
+def _keda_certs() -> Path:
+    """One certificate for the operator's gRPC server and the metrics API server (KEDA reads ca.crt too)."""
+    certs = node.STATE / "keda-certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    names = ("keda-operator", "keda-metrics-apiserver", "keda-admission-webhooks")
+    dns = tuple(f"{n}.keda{suffix}" for n in names for suffix in ("", ".svc", ".svc.cluster.local")) + names
+    crt, key = pki.leaf(
+        node.STATE / "pki", "keda", "keda-operator.keda.svc", dns=dns, ips=(node.NODE_IP, "127.0.0.1")
+    )
+    (certs / "tls.crt").write_bytes(crt.read_bytes())
+    (certs / "tls.key").write_bytes(key.read_bytes())
+    (certs / "ca.crt").write_bytes((node.STATE / "pki" / "ca.crt").read_bytes())
+    return certs
+
+
+KEDA_ENV = {"POD_NAMESPACE": "keda", "KEDA_CLUSTER_OBJECT_NAMESPACE": "keda", "WATCH_NAMESPACE": ""}
+
+
+def start_keda_operator(record: node.Record) -> None:
+    certs = _keda_certs()
+    _apply([_namespace("keda"), *_node_service("keda-operator", "keda", KEDA_GRPC_PORT, KEDA_GRPC_PORT)])
+    node.start(
+        record,
+        "keda-operator",
+        [
+            *_env({**KEDA_ENV, "OPERATOR_NAME": "keda-operator"}),
+            str(node.bins()["keda-operator"]), f"--cert-dir={certs}", "--enable-cert-rotation=false",
+            "--enable-webhook-patching=false", "--leader-elect=false",
+            f"--metrics-service-bind-address={node.NODE_IP}:{KEDA_GRPC_PORT}",
+            "--metrics-bind-address=127.0.0.1:8282", "--health-probe-bind-address=127.0.0.1:8283",
+        ],
+    )  # fmt: skip
+    holder = record.data["pids"]["holder"]
+    node.wait_for(
+        "the KEDA operator",
+        lambda: node.node_http_ok(holder, "http://127.0.0.1:8283/readyz"),
+        180,
+        record,
+        "keda-operator",
+    )
+
+
+def start_keda_adapter(record: node.Record) -> None:
+    certs = _keda_certs()
+    _apply(_node_service("keda-metrics-apiserver", "keda", 443, KEDA_METRICS_PORT))
+    node.start(
+        record,
+        "keda-adapter",
+        [
+            *_env(KEDA_ENV),
+            str(node.bins()["keda-adapter"]), f"--secure-port={KEDA_METRICS_PORT}", f"--bind-address={node.NODE_IP}",
+            f"--tls-cert-file={certs}/tls.crt", f"--tls-private-key-file={certs}/tls.key",
+            f"--authentication-kubeconfig={node.STATE}/node-admin.kubeconfig",
+            f"--authorization-kubeconfig={node.STATE}/node-admin.kubeconfig",
+            f"--kubeconfig={node.STATE}/node-admin.kubeconfig",
+            f"--metrics-service-address={node.NODE_IP}:{KEDA_GRPC_PORT}",
+            "--metrics-service-grpc-authority=keda-operator.keda.svc.cluster.local", "--port=8284",
+        ],
+    )  # fmt: skip
+    _apply(
+        [
+            {
+                "apiVersion": "apiregistration.k8s.io/v1",
+                "kind": "APIService",
+                "metadata": {"name": "v1beta1.external.metrics.k8s.io"},
+                "spec": {
+                    "group": "external.metrics.k8s.io",
+                    "version": "v1beta1",
+                    "groupPriorityMinimum": 100,
+                    "versionPriority": 100,
+                    "service": {"name": "keda-metrics-apiserver", "namespace": "keda", "port": 443},
+                    "caBundle": _ca_bundle(),
+                },
+            }
+        ]
+    )
+    node.wait_for(
+        "KEDA's external metrics API",
+        lambda: (
+            node.kubectl("get", "--raw=/apis/external.metrics.k8s.io/v1beta1", check=False).returncode == 0
+        ),
+        180,
+        record,
+        "keda-adapter",
+    )
+
+
 def install(record: node.Record, require_all: bool = True) -> list[str]:
     """CRDs, then every controller whose binary exists; returns what could not start and why."""
     missing = []
     count = install_crds()
     node.log(f"{count} CRDs established")
     have = node.bins()
-    for binary, starter in (("kserve-manager", start_kserve), ("keda-webhooks", start_keda_webhooks)):
+    starters = (
+        ("kserve-manager", start_kserve),
+        ("keda-webhooks", start_keda_webhooks),
+        ("keda-operator", start_keda_operator),
+        ("keda-adapter", start_keda_adapter),
+    )
+    for binary, starter in starters:
         if binary in have:
             starter(record)
             node.log(f"{starter.__name__.removeprefix('start_')} up")
