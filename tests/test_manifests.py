@@ -117,6 +117,13 @@ def _remove(path: str) -> Callable[[dict], None]:
 
 MUTATIONS = [
     (
+        "keda trigger name used twice",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        _set("/spec/triggers/1/name", "queue-depth"),
+        "trigger name 'queue-depth' is used twice",
+    ),
+    (
         "keda replica bounds inverted",
         "keda/overlays/cpu",
         _kind("ScaledObject"),

@@ -683,17 +683,26 @@ def _mirror_problems(deployment: Deployment) -> list[str]:
     return problems
 
 
-def _replica_bound_problems(scaled: Obj) -> list[str]:
-    # What KEDA's admission webhook refuses and no schema says (v2.18 CheckReplicaCountBoundsAreValid,
-    # found by tests/e2e against the real webhook): a set minReplicaCount counts as at least 1 there.
+def _keda_admission_problems(scaled: Obj) -> list[str]:
+    """What KEDA v2.18 refuses and no schema says (found by tests/e2e against the real KEDA)."""
     spec, where = scaled["spec"], describe(scaled)
+    problems = []
+    # The admission webhook refuses a trigger name used twice (ValidateTriggers).
+    names = [t["name"] for t in spec.get("triggers", []) if t.get("name")]
+    problems += [
+        f"{where}: trigger name {n!r} is used twice" for n in sorted({n for n in names if names.count(n) > 1})
+    ]
+    # The webhook only logs inverted replica bounds, but the operator then refuses to reconcile the
+    # ScaledObject (CheckReplicaCountBoundsAreValid); a set minReplicaCount counts as at least 1 there.
     least = max(spec["minReplicaCount"], 1) if "minReplicaCount" in spec else 0
     most = spec.get("maxReplicaCount", 100)
     if least > most:
-        return [f"{where}: minReplicaCount {spec['minReplicaCount']} is above maxReplicaCount {most}"]
-    if "idleReplicaCount" in spec and spec["idleReplicaCount"] >= least:
-        return [f"{where}: idleReplicaCount {spec['idleReplicaCount']} must be below minReplicaCount {least}"]
-    return []
+        problems.append(f"{where}: minReplicaCount {spec['minReplicaCount']} is above maxReplicaCount {most}")
+    elif "idleReplicaCount" in spec and spec["idleReplicaCount"] >= least:
+        problems.append(
+            f"{where}: idleReplicaCount {spec['idleReplicaCount']} must be below minReplicaCount {least}"
+        )
+    return problems
 
 
 def _keda_problems(deployment: Deployment) -> list[str]:
@@ -708,7 +717,7 @@ def _keda_problems(deployment: Deployment) -> list[str]:
             problems.append(
                 f"{where}: {describe(isvc)} is not autoscalerClass external; KServe's HPA would fight KEDA"
             )
-        problems += _replica_bound_problems(scaled)
+        problems += _keda_admission_problems(scaled)
         types = {t["type"] for t in scaled["spec"]["triggers"]}
         if scaled["spec"].get("minReplicaCount", 0) == 0 and not types & WAKES_FROM_ZERO:
             problems.append(
