@@ -221,8 +221,14 @@ def _keda_certs() -> Path:
     certs.mkdir(parents=True, exist_ok=True)
     names = ("keda-operator", "keda-metrics-apiserver", "keda-admission-webhooks")
     dns = tuple(f"{n}.keda{suffix}" for n in names for suffix in ("", ".svc", ".svc.cluster.local")) + names
+    # Client and server at once: the adapter presents it to the operator's gRPC server (mutual TLS).
     crt, key = pki.leaf(
-        node.STATE / "pki", "keda", "keda-operator.keda.svc", dns=dns, ips=(node.NODE_IP, "127.0.0.1")
+        node.STATE / "pki",
+        "keda",
+        "keda-operator.keda.svc",
+        dns=dns,
+        ips=(node.NODE_IP, "127.0.0.1"),
+        client=True,
     )
     (certs / "tls.crt").write_bytes(crt.read_bytes())
     (certs / "tls.key").write_bytes(key.read_bytes())
@@ -267,9 +273,12 @@ def start_keda_adapter(record: node.Record) -> None:
             *_env(KEDA_ENV),
             str(node.bins()["keda-adapter"]), f"--secure-port={KEDA_METRICS_PORT}", f"--bind-address={node.NODE_IP}",
             f"--tls-cert-file={certs}/tls.crt", f"--tls-private-key-file={certs}/tls.key",
+            # Where the adapter also finds ca.crt for its gRPC client to the operator.
+            f"--cert-dir={certs}",
             f"--authentication-kubeconfig={node.STATE}/node-admin.kubeconfig",
             f"--authorization-kubeconfig={node.STATE}/node-admin.kubeconfig",
-            f"--kubeconfig={node.STATE}/node-admin.kubeconfig",
+            # Not in a pod: no in-cluster config, so the listers get the kubeconfig too.
+            f"--lister-kubeconfig={node.STATE}/node-admin.kubeconfig",
             f"--metrics-service-address={node.NODE_IP}:{KEDA_GRPC_PORT}",
             "--metrics-service-grpc-authority=keda-operator.keda.svc.cluster.local", "--port=8284",
         ],
