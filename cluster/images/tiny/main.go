@@ -52,8 +52,15 @@ func serve(addr string) {
 }
 
 func get(url string) {
+	// Retried for 30 s: a Service just made ready may not be in kube-proxy's rules yet (refused).
 	client := &http.Client{Timeout: 10 * time.Second}
+	deadline := time.Now().Add(30 * time.Second)
 	resp, err := client.Get(url)
+	for err != nil && time.Now().Before(deadline) {
+		fmt.Fprintln(os.Stderr, "retrying:", err)
+		time.Sleep(500 * time.Millisecond)
+		resp, err = client.Get(url)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
