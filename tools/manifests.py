@@ -692,8 +692,8 @@ def _keda_admission_problems(scaled: Obj) -> list[str]:
     problems += [
         f"{where}: trigger name {n!r} is used twice" for n in sorted({n for n in names if names.count(n) > 1})
     ]
-    # The webhook only logs inverted replica bounds, but the operator then refuses to reconcile the
-    # ScaledObject (CheckReplicaCountBoundsAreValid); a set minReplicaCount counts as at least 1 there.
+    # The webhook only logs inverted replica bounds; the operator checks them again when it reconciles
+    # (CheckReplicaCountBoundsAreValid, where a set minReplicaCount counts as at least 1).
     least = max(spec["minReplicaCount"], 1) if "minReplicaCount" in spec else 0
     most = spec.get("maxReplicaCount", 100)
     if least > most:
