@@ -311,6 +311,79 @@ def start_keda_adapter(record: node.Record) -> None:
     )
 
 
+HTTP_SCALER_PORT = 9090  # the port our ScaledObject's external-push scalerAddress names
+HTTP_PROXY_PORT = 8080
+HTTP_ADMIN_PORT = 9091  # 9090 is the scaler's in the same namespace
+
+
+def start_http_add_on(record: node.Record) -> None:
+    """The HTTP add-on's interceptor, external scaler and operator, with the Services our manifests name."""
+    _apply(
+        [
+            _namespace("keda"),
+            *_node_service("keda-add-ons-http-external-scaler", "keda", HTTP_SCALER_PORT, HTTP_SCALER_PORT),
+            *_node_service("keda-add-ons-http-interceptor-admin", "keda", HTTP_ADMIN_PORT, HTTP_ADMIN_PORT),
+            *_node_service("keda-add-ons-http-interceptor-proxy", "keda", 8080, HTTP_PROXY_PORT),
+        ]
+    )
+    binaries = node.bins()
+    holder = record.data["pids"]["holder"]
+    node.start(
+        record,
+        "http-interceptor",
+        [
+            *_env({"KEDA_HTTP_PROXY_PORT": str(HTTP_PROXY_PORT), "KEDA_HTTP_ADMIN_PORT": str(HTTP_ADMIN_PORT),
+                   "OTEL_PROM_EXPORTER_PORT": "2223", "KEDA_HTTP_WATCH_NAMESPACE": ""}),
+            str(binaries["http-add-on-interceptor"]),
+        ],
+    )  # fmt: skip
+    node.start(
+        record,
+        "http-scaler",
+        [
+            *_env({"KEDA_HTTP_SCALER_PORT": str(HTTP_SCALER_PORT), "OTEL_PROM_EXPORTER_PORT": "2224",
+                   "KEDA_HTTP_SCALER_TARGET_ADMIN_NAMESPACE": "keda",
+                   "KEDA_HTTP_SCALER_TARGET_ADMIN_SERVICE": "keda-add-ons-http-interceptor-admin",
+                   "KEDA_HTTP_SCALER_TARGET_ADMIN_DEPLOYMENT": "keda-add-ons-http-interceptor",
+                   # Joined to each endpoint's address as is: the admin port itself, not a Service port.
+                   "KEDA_HTTP_SCALER_TARGET_ADMIN_PORT": str(HTTP_ADMIN_PORT)}),
+            str(binaries["http-add-on-scaler"]),
+        ],
+    )  # fmt: skip
+    node.start(
+        record,
+        "http-operator",
+        [
+            *_env({"KEDA_HTTP_OPERATOR_EXTERNAL_SCALER_SERVICE": "keda-add-ons-http-external-scaler",
+                   "KEDA_HTTP_OPERATOR_EXTERNAL_SCALER_PORT": str(HTTP_SCALER_PORT),
+                   "KEDA_HTTP_OPERATOR_NAMESPACE": "keda"}),
+            str(binaries["http-add-on-operator"]), "--metrics-bind-address=127.0.0.1:8380",
+            "--health-probe-bind-address=127.0.0.1:8381",
+        ],
+    )  # fmt: skip
+    node.wait_for(
+        "the HTTP add-on operator", lambda: node.node_http_ok(holder, "http://127.0.0.1:8381/readyz"), 120, record,
+        "http-operator",
+    )  # fmt: skip
+    node.wait_for(
+        "the HTTP add-on interceptor",
+        lambda: _http_status(holder, f"http://{node.NODE_IP}:{HTTP_PROXY_PORT}/") not in ("", "000"),
+        120,
+        record,
+        "http-interceptor",
+    )
+
+
+def _http_status(holder: int, url: str) -> str:
+    import subprocess
+
+    out = subprocess.run(
+        [*node.in_node(holder), "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3", url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
 def install(record: node.Record, require_all: bool = True) -> list[str]:
     """CRDs, then every controller whose binary exists; returns what could not start and why."""
     missing = []
@@ -322,6 +395,7 @@ def install(record: node.Record, require_all: bool = True) -> list[str]:
         ("keda-webhooks", start_keda_webhooks),
         ("keda-operator", start_keda_operator),
         ("keda-adapter", start_keda_adapter),
+        ("http-add-on-operator", start_http_add_on),
     )
     for binary, starter in starters:
         if binary in have:
