@@ -40,7 +40,7 @@ STATE = Path(os.environ.get("CLUSTER_STATE", pins.user_cache() / "state"))
 RECORD = STATE / "record.json"
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 # Host directories the private mount namespace mounts over (they must exist on the host first).
-MOUNT_POINTS = ("/run/netns", "/run/containerd", "/var/lib/cni")
+MOUNT_POINTS = ("/run/netns", "/run/containerd", "/var/lib/cni", "/var/lib/kubelet")
 
 
 class Record:
@@ -107,6 +107,9 @@ def _netns_exists(name: str) -> bool:
 
 
 def make_network(record: Record) -> None:
+    # The first `ip netns add` on a machine creates /run/netns and bind-mounts it on itself: ours to undo.
+    record.data["made_run_netns"] = not Path("/run/netns").exists()
+    record.save()
     run("ip", "netns", "add", NETNS)
     record.data["netns"] = NETNS
     record.save()
@@ -142,6 +145,8 @@ def start_holder(record: Record) -> int:
         *_kernel_tunable_mounts(),
         "mount -t tmpfs -o mode=755 ttsk8s-netns /run/netns",
         "mount -t tmpfs -o mode=711 ttsk8s-containerd /run/containerd",
+        # The kubelet's device-plugin socket is at a fixed /var/lib/kubelet path, whatever --root-dir says.
+        "mount -t tmpfs -o mode=750 ttsk8s-kubelet /var/lib/kubelet",
         f"mount --bind {STATE}/cni-lib /var/lib/cni",
         # Controllers running as node processes resolve Service names as pods do (through CoreDNS).
         f"mount --bind {_node_resolv_conf()} /etc/resolv.conf",
@@ -650,10 +655,15 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _cgroup_dirs(root: Path) -> list[Path]:
+    """Every cgroup under root; os.walk, not rglob: the kubelet may remove some while we look."""
+    return [Path(top) for top, _, _ in os.walk(root, onerror=lambda _: None)]
+
+
 def _cgroup_pids() -> set[int]:
     found: set[int] = set()
     for root in CGROUP_FS.glob(f"*/{CGROUP_ROOT.lstrip('/')}"):
-        for procs in root.rglob("cgroup.procs"):
+        for procs in (d / "cgroup.procs" for d in _cgroup_dirs(root)):
             with contextlib.suppress(OSError):
                 found |= {int(x) for x in procs.read_text().split()}
     return found
@@ -722,11 +732,15 @@ def down(quiet: bool = False) -> int:
     for mount in reversed(_our_mounts()):
         run("umount", "-l", mount, check=False)
     for root in CGROUP_FS.glob(f"*/{CGROUP_ROOT.lstrip('/')}"):
-        for directory in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        for directory in sorted(_cgroup_dirs(root), key=lambda p: -len(p.parts)):
             _rmdir(directory)
         _rmdir(root)
     for directory in record.get("created_dirs", []):
         _rmdir(Path(directory))
+    run_netns = Path("/run/netns")
+    if record.get("made_run_netns") and run_netns.is_dir() and not any(run_netns.iterdir()):
+        run("umount", str(run_netns), check=False)
+        _rmdir(run_netns)
     RECORD.unlink(missing_ok=True)
     shutil.rmtree(STATE / "etcd", ignore_errors=True)
     problems = leftovers()
@@ -761,6 +775,11 @@ def leftovers() -> list[str]:
     links = run("ip", "-o", "link", "show", check=False).stdout
     problems += [f"interface {line.split(':')[1].strip()}" for line in links.splitlines() if PREFIX in line]
     problems += [f"cgroup {p}" for p in CGROUP_FS.glob(f"*/{CGROUP_ROOT.lstrip('/')}")]
+    problems += [
+        f"directory {d} (not empty)"
+        for d in MOUNT_POINTS
+        if Path(d).is_dir() and any(Path(d).iterdir()) and d != "/run/netns"
+    ]
     if shutil.which("iptables-save"):
         rules = run("iptables-save", check=False).stdout
         problems += [f"iptables {line}" for line in rules.splitlines() if "KUBE-" in line or PREFIX in line]
