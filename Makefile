@@ -6,7 +6,8 @@ CACHE    := .cache
 S3_PORT  ?= 9000
 VOICE_URI ?= s3://voices/en_US-joe-medium
 
-.PHONY: install system-packages run test test-fast fuzz mos-reference bench overload load lint docs image base-image image-sizes manifests validate clean
+.PHONY: install system-packages run test test-fast fuzz mos-reference bench overload load lint docs image base-image image-sizes \
+  manifests validate schemas cluster-packages cluster-build cluster cluster-down e2e clean
 
 install: $(VENV)/.installed
 
@@ -69,6 +70,12 @@ validate: install
 mos-reference: install
 	$(BIN)/python -m testing.mos_reference
 
+# Regenerate cluster/schemas (the JSON schemas `validate` uses) from the CRDs of the modules pinned in
+# cluster/versions.toml, read from Go's module cache (`go mod download`); committed, so `validate` needs
+# neither Go nor the network.
+schemas: install
+	$(BIN)/python -m cluster.schemas
+
 bench: install
 	$(BIN)/python -m bench
 
@@ -112,6 +119,33 @@ base-image: install
 # Image and base sizes, and each layer's.
 image-sizes: install
 	$(BIN)/python -m tts_ops.image sizes --tag $(IMAGE)
+
+# A single-node Kubernetes v1.34 built here from Go modules (cluster/versions.toml pins every part;
+# cluster/node.py says how it is laid out). Not part of `make test`: a cold build takes about an hour on
+# 2 cores; binaries land in ~/.cache/tts-predictor/cluster/<group>-<hash>/bin, shared by every clone.
+# `make cluster` prints KUBECTL=... and KUBECONFIG=... last; `make cluster-down` leaves nothing behind.
+CLUSTER_PACKAGES := containerd runc containernetworking-plugins iptables conntrack openssl curl
+cluster-packages:
+	@missing=""; for p in $(CLUSTER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+# The Go builds alone, at the lowest priority (the machine is shared).
+cluster-build: install
+	nice -n 19 $(BIN)/python -m cluster.build
+
+cluster: install cluster-packages
+	$(BIN)/python -m cluster.node up
+
+cluster-down:
+	$(BIN)/python -m cluster.node down
+
+# tests/e2e against the cluster (started by `make cluster` if it is not up).
+e2e: cluster
+	E2E=1 $(BIN)/python -m pytest -x -q tests/e2e
 
 clean:
 	rm -rf $(CACHE) $(VENV)

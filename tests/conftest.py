@@ -6,6 +6,7 @@ credentials must appear in none, and every line a predictor wrote in JSON mode m
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +26,10 @@ from testing.s3 import (
     build_voice,
     publish_voice,
 )
+
+# tests/e2e needs the cluster of `make cluster` (an hour's cold build): `make e2e` collects it (E2E=1),
+# `make test` never does.
+collect_ignore = [] if os.environ.get("E2E") else ["e2e"]
 
 # Files the scan reads: what predictors, moto, Prometheus, nginx and shadow sinks write. Model
 # weights (tens of MB per predictor) are skipped: they are the published voice, not output.

@@ -6,7 +6,7 @@ three ways:
 * Rendering: tts_ops.kustomize (`kubectl kustomize` when kubectl is on PATH, else its own
   renderer for the part of kustomize these manifests use). tests/system/test_manifests.py checks that the
   two agree wherever kubectl exists.
-* Schemas: CRD kinds against ../shared/schemas made strict (closed root, ObjectMeta checked, nodes
+* Schemas: CRD kinds against cluster/schemas (generated from the pinned CRDs by `make schemas`) made strict (closed root, ObjectMeta checked, nodes
   marked x-kubernetes-preserve-unknown-fields reopened); core kinds with kubernetes-validate in strict
   mode; an unknown kind is an error.
 * Lints and cross-checks for what no schema expresses: annotation keys and values, KEDA trigger
@@ -42,15 +42,17 @@ from tts_ops.kustomize import Obj, render
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAYS = ("knative/overlays/cpu", "knative/overlays/gpu", "keda/overlays/cpu", "keda/overlays/gpu")
-# Our own schemas for kinds the shared catalog lacks (PrometheusRule).
-LOCAL_SCHEMAS = Path(__file__).resolve().parent / "schemas"
-# Core kinds are checked against this Kubernetes minor (kubernetes-validate's bundled schemas).
-KUBERNETES_VERSION = "1.31.0"
+# Generated from the CRDs pinned in cluster/versions.toml (`make schemas`); committed, so a fresh clone
+# validates without anything beside it.
+REPO_SCHEMAS = ROOT / "cluster" / "schemas"
+# Core kinds are checked against this Kubernetes minor (kubernetes-validate's bundled schemas): the
+# minor `make cluster` builds (cluster/versions.toml).
+KUBERNETES_VERSION = "1.34.0"
 
 
 def schema_dir() -> Path:
-    """../shared/schemas beside the checkout (CI lays it there too); SCHEMA_DIR overrides."""
-    return Path(os.environ.get("SCHEMA_DIR", ROOT.parent / "shared" / "schemas"))
+    """The repo's generated schemas; SCHEMA_DIR overrides (kinds it lacks fall back to the repo's)."""
+    return Path(os.environ.get("SCHEMA_DIR", REPO_SCHEMAS))
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -106,7 +108,7 @@ def _pointer(path: Iterable[Any]) -> str:
 @cache
 def crd_schema(group: str, version: str, kind: str) -> Obj | None:
     name = f"{group}/{kind.lower()}_{version}.json"
-    for directory in (schema_dir(), LOCAL_SCHEMAS):
+    for directory in dict.fromkeys((schema_dir(), REPO_SCHEMAS)):
         file = directory / name
         if file.is_file():
             return strict_schema(json.loads(file.read_text()))
@@ -681,6 +683,28 @@ def _mirror_problems(deployment: Deployment) -> list[str]:
     return problems
 
 
+def _keda_admission_problems(scaled: Obj) -> list[str]:
+    """What KEDA v2.18 refuses and no schema says (found by tests/e2e against the real KEDA)."""
+    spec, where = scaled["spec"], describe(scaled)
+    problems = []
+    # The admission webhook refuses a trigger name used twice (ValidateTriggers).
+    names = [t["name"] for t in spec.get("triggers", []) if t.get("name")]
+    problems += [
+        f"{where}: trigger name {n!r} is used twice" for n in sorted({n for n in names if names.count(n) > 1})
+    ]
+    # The webhook only logs inverted replica bounds; the operator checks them again when it reconciles
+    # (CheckReplicaCountBoundsAreValid, where a set minReplicaCount counts as at least 1).
+    least = max(spec["minReplicaCount"], 1) if "minReplicaCount" in spec else 0
+    most = spec.get("maxReplicaCount", 100)
+    if least > most:
+        problems.append(f"{where}: minReplicaCount {spec['minReplicaCount']} is above maxReplicaCount {most}")
+    elif "idleReplicaCount" in spec and spec["idleReplicaCount"] >= least:
+        problems.append(
+            f"{where}: idleReplicaCount {spec['idleReplicaCount']} must be below minReplicaCount {least}"
+        )
+    return problems
+
+
 def _keda_problems(deployment: Deployment) -> list[str]:
     problems = []
     for scaled in deployment.kind("ScaledObject"):
@@ -693,6 +717,7 @@ def _keda_problems(deployment: Deployment) -> list[str]:
             problems.append(
                 f"{where}: {describe(isvc)} is not autoscalerClass external; KServe's HPA would fight KEDA"
             )
+        problems += _keda_admission_problems(scaled)
         types = {t["type"] for t in scaled["spec"]["triggers"]}
         if scaled["spec"].get("minReplicaCount", 0) == 0 and not types & WAKES_FROM_ZERO:
             problems.append(

@@ -115,6 +115,20 @@ def _remove(path: str) -> Callable[[dict], None]:
 
 
 MUTATIONS = [
+    (
+        "keda trigger name used twice",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        _set("/spec/triggers/1/name", "queue-depth"),
+        "trigger name 'queue-depth' is used twice",
+    ),
+    (
+        "keda replica bounds inverted",
+        "keda/overlays/cpu",
+        _kind("ScaledObject"),
+        _set("/spec/minReplicaCount", 5),
+        "minReplicaCount 5 is above maxReplicaCount",
+    ),
     # One per domain whose keys the lint knows from upstream source (tts_ops/manifests.py KNOWN_KEYS).
     (
         "keda annotation typo",

@@ -1,0 +1,3 @@
+module tts-predictor/cluster/images
+
+go 1.24.0
