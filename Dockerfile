@@ -3,21 +3,27 @@
 #   CPU (default):  docker build -t tts-predictor .
 #   GPU:            docker build -t tts-predictor:cuda \
 #                     --build-arg RUNTIME_BASE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04 \
+#                     --build-arg EXTRAS=native \
 #                     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 \
 #                     --build-arg ORT_PACKAGE=onnxruntime-gpu .
+# The CPU image has no torch (ENGINE=onnx); EXTRAS=native adds the torch engine.
 # Without a Docker engine or registry: `make image` (podman, a base from Debian packages; see docs/deployment.md).
 ARG RUNTIME_BASE=python:3.11-slim-bookworm
 
 FROM python:3.11-slim-bookworm AS build
 ARG ORT_PACKAGE=onnxruntime
-# torch's own index: its CPU wheels are ~200 MB where the default Linux wheel brings GBs of CUDA.
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Extras of the package to install: empty for the CPU image, "native" (torch) for the GPU one.
+ARG EXTRAS=
+# Where torch comes from when EXTRAS asks for it: torch's own index (its CPU wheels are ~200 MB where the
+# default Linux wheel brings GBs of CUDA). Empty: no extra index, PyPI alone.
+ARG TORCH_INDEX_URL=
 WORKDIR /src
 # Dependencies first, from pyproject.toml alone (an empty package stands in for the source), so that
 # a source change rebuilds only our own small wheel, not the GB of dependency wheels.
 COPY pyproject.toml README.md ./
 RUN mkdir predictor && touch predictor/__init__.py \
-    && pip wheel --no-cache-dir --wheel-dir /wheels/deps --extra-index-url "${TORCH_INDEX_URL}" . "${ORT_PACKAGE}" \
+    && pip wheel --no-cache-dir --wheel-dir /wheels/deps ${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"} \
+      ".${EXTRAS:+[${EXTRAS}]}" "${ORT_PACKAGE}" \
     && rm -r /wheels/deps/tts_predictor-*.whl predictor build ./*.egg-info \
     # onnxruntime-gpu provides the same module as onnxruntime: keep only the one asked for.
     && if [ "${ORT_PACKAGE}" != onnxruntime ]; then rm /wheels/deps/onnxruntime-[0-9]*.whl; fi \

@@ -14,9 +14,10 @@ Where a Docker engine answers, `docker build` runs the Dockerfile as users run i
 * pip in the build uses this machine's pip configuration (`pip config list`: CA bundle of the TLS
   proxy in front of pypi.org, local indexes and wheel directories), written to a pip.conf mounted at
   /etc/pip.conf with every local path it names mounted read-only at the same place (`pip_mounts`);
-* torch's CPU wheel comes from this machine's pip configuration (a local wheel), served to the build as
-  a one-package index mounted read-only and named by the Dockerfile's own TORCH_INDEX_URL argument;
-  it is never copied into the build context or the repository.
+* the CPU image has no torch. An image built with ``--build-arg EXTRAS=native`` gets torch's CPU wheel
+  from this machine's pip configuration (a local wheel), served to the build as a one-package index
+  mounted read-only and named by the Dockerfile's own TORCH_INDEX_URL argument; it is never copied
+  into the build context or the repository.
 """
 
 from __future__ import annotations
@@ -260,7 +261,9 @@ def build(tag: str, extra: list[str]) -> None:
         return
     ensure_base(tool)
     args = ["podman", "build", *podman_flags(), "--network", "host", "--pull=never", "-t", tag, *pip_mounts()]
-    index = local_torch_index()
+    # The CPU image has no torch; only an image built with EXTRAS=native needs the wheel found here.
+    wants_torch = any(a.startswith("EXTRAS=") and "native" in a for a in extra)
+    index = local_torch_index() if wants_torch else None
     if index is not None:
         args += ["--volume", f"{index}:{TORCH_INDEX_MOUNT}:ro,z"]
         args += ["--build-arg", f"TORCH_INDEX_URL=file://{TORCH_INDEX_MOUNT}"]

@@ -14,7 +14,15 @@ if TYPE_CHECKING:
 def create(settings: Settings) -> Engine:
     """Construct the configured engine without weights (device and imports checked here, at start)."""
     if settings.engine_name == "torch":
-        from predictor.engine.native import TorchEngine
+        try:
+            from predictor.engine.native import TorchEngine
+        except ImportError as exc:
+            from predictor.config import ConfigError
+
+            raise ConfigError(
+                f"ENGINE=torch needs torch, which this install lacks ({exc}): install the native extra, "
+                "pip install 'tts-predictor[native]' (the GPU image has it; the CPU image runs ENGINE=onnx)"
+            ) from None
 
         return TorchEngine(
             device=settings.device,

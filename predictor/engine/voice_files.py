@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from predictor.engine.vits_config import VitsConfig
 
-from predictor.engine.vits import Vits, VitsConfig
+if TYPE_CHECKING:  # the onnxruntime engine reads the names and the config here without torch
+    import torch
+
+    from predictor.engine.vits import Vits
 
 CONFIG_FILE = "vits.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -36,6 +40,8 @@ def load_vits(
     init, but torch's first meta-device construction costs ~2 s, so this copies.)
     """
     from safetensors.torch import load_file
+
+    from predictor.engine.vits import Vits
 
     model_dir = Path(model_dir)
     config = read_config(model_dir)

@@ -14,7 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from predictor.engine.vits import Generator, VitsConfig
+from predictor.engine.vits_config import GENERATOR_PRE_POST_KERNEL, VitsConfig
 
 
 def decoder_context_frames(config: VitsConfig) -> int:
@@ -25,7 +25,7 @@ def decoder_context_frames(config: VitsConfig) -> int:
     blocks at the new rate, then conv_post at the sample rate. Each reach is converted to frames at the
     rate it acts on and summed; one frame more covers the rounding of the transposed convolutions.
     """
-    pre_post_radius = (Generator.PRE_POST_KERNEL - 1) // 2
+    pre_post_radius = (GENERATOR_PRE_POST_KERNEL - 1) // 2
     frames = float(pre_post_radius)  # conv_pre, at one position per frame
     rate = 1  # positions per frame at the current stage
     for u, k in zip(config.upsample_rates, config.upsample_kernel_sizes, strict=True):
