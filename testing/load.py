@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from testing.bodies import v2_request
 
@@ -100,6 +101,15 @@ class ResidentSampler:
         return max(later) - later[0] if later else 0
 
 
+def engine_texts(url: str) -> float:
+    """Texts the predictor at ``url`` has run through its engine so far (``tts_batch_size_sum``)."""
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == "tts_batch_size_sum":
+                return sample.value
+    return 0.0
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0-1) by nearest rank; nan when empty."""
     if not values:
@@ -121,6 +131,7 @@ class OverloadReport:
     admitted_p50_s: float = math.nan
     admitted_p99_s: float = math.nan
     drift_bytes: int = 0  # resident memory growth after the settle time
+    synthesized: int = 0  # texts the engine ran while the load lasted (tts_batch_size_sum)
     rss_samples: list[tuple[float, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -134,6 +145,7 @@ class OverloadReport:
             "admitted_p50_s": round(self.admitted_p50_s, 3),
             "admitted_p99_s": round(self.admitted_p99_s, 3),
             "drift_mib": round(self.drift_bytes / MiB, 1),
+            "synthesized": self.synthesized,
         }
 
 
@@ -169,7 +181,9 @@ def overload(
         return ("max", v2_request(long)) if i % long_every == long_every - 1 else ("short", v2_request(short))
 
     sampler = ResidentSampler(pid, interval_s=0.5)
+    synthesized_before = engine_texts(url)
     outcomes = open_loop(infer, body, report.rate_rps, duration_s)
+    report.synthesized = int(engine_texts(url) - synthesized_before)
     sampler.stop()
     report.statuses = Counter(o.status for o in outcomes)
     report.refused_without_retry_after = sum(

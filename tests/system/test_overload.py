@@ -1,6 +1,7 @@
 """Overload: four times what the predictor can serve, maximum-size texts mixed in, for a bounded time.
 
-Every request gets 200 or 503 with Retry-After (nothing else, no connection dropped); admitted requests
+Every request gets 200 or 503 with Retry-After (nothing else, no connection dropped); no engine time
+goes to a request that is refused or dropped from the queue; admitted requests
 finish within the queue's bound (REQUEST_TIMEOUT_S plus one maximum-size synthesis); resident memory
 is flat once the first requests have run. Capacity and the bound are measured in the same run, on the
 same predictor (testing/load.py). This is the short version (40 s of load); `python -m bench overload`
@@ -33,7 +34,12 @@ def test_four_times_capacity_gets_only_200_or_503_with_retry_after_bounded_laten
     assert set(report.statuses) <= {200, 503}, summary
     assert report.statuses[503] > 0, f"4x capacity never filled the queue: {summary}"
     assert report.refused_without_retry_after == 0, summary
-    assert report.statuses[200] >= 0.5 * report.capacity_rps * 40, summary
+    # Nothing refused or dropped cost engine time: every text the engine ran was answered 200.
+    assert report.synthesized == report.statuses[200], summary
+    # Overload must not collapse what is served. Not a fraction near 1: capacity is measured alone, and
+    # under the load the engine shares two CPUs with the load's own clients (here the mix ran at 1.03x
+    # capacity; on a loaded 2-CPU CI runner once at 0.40x).
+    assert report.statuses[200] >= 0.25 * report.capacity_rps * 40, summary
     # Admitted: at most REQUEST_TIMEOUT_S in the queue, then one synthesis (at worst a maximum-size one,
     # slowed by the machine's other load: twice what it took alone).
     assert report.admitted_p99_s <= TIMEOUT_S + 2 * report.long_s, summary
