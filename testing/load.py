@@ -7,11 +7,13 @@ overload test needs arrivals that do not.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +23,9 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from testing.bodies import v2_request
+
+# About four million characters: a v2 body just under MAX_REQUEST_BYTES' default (4 MiB).
+HUGE_TEXT = "a " * 1_900_000
 
 MiB = 1024 * 1024
 
@@ -195,3 +200,60 @@ def overload(
     report.drift_bytes = sampler.drift_after(settle_s)
     report.rss_samples = sampler.samples
     return report
+
+
+@contextlib.contextmanager
+def largest_bodies(
+    url: str, grpc_target: str, max_text_chars: int, max_batch_items: int = 64
+) -> Iterator[list[str]]:
+    """While the block runs, three senders keep the predictor at ``url`` reading the largest bodies its
+    limits admit, each sender one request after another: a v2 REST text of about four million
+    characters (under MAX_REQUEST_BYTES, over MAX_TEXT_CHARS: read, parsed, then refused),
+    ``max_batch_items`` texts of ``max_text_chars`` each (normalized, then refused for their audio or
+    engine calls, or synthesized where the limits allow), and the four-million-character text over gRPC
+    ModelInfer. Yields the list of unexpected errors (anything but an answer or a gRPC refusal).
+
+    The REST bodies are encoded once, so the senders spend their time on the wire, not on the GIL of
+    the process that probes beside them."""
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+    from tritonclient.utils import InferenceServerException
+
+    infer = url + "/v2/models/tts/infer"
+    bodies = [
+        json.dumps(v2_request(HUGE_TEXT)).encode(),
+        json.dumps(v2_request(*(["word " * (max_text_chars // 5)] * max_batch_items))).encode(),
+    ]
+    grpc_client = triton_grpc.InferenceServerClient(grpc_target)
+    grpc_input = triton_grpc.InferInput("text", [1], "BYTES")
+    grpc_input.set_data_from_numpy(np.array([HUGE_TEXT.encode()], dtype=object))
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def rest(body: bytes) -> Callable[[], object]:
+        headers = {"content-type": "application/json"}
+        return lambda: httpx.post(infer, content=body, headers=headers, timeout=120)
+
+    def grpc() -> object:
+        try:
+            return grpc_client.infer("tts", [grpc_input])
+        except InferenceServerException:
+            return None  # the refusal itself
+
+    def keep_sending(send: Callable[[], object]) -> None:
+        while not stop.is_set():
+            try:
+                send()
+            except Exception as exc:
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=keep_sending, args=(s,)) for s in (*map(rest, bodies), grpc)]
+    for t in threads:
+        t.start()
+    try:
+        yield errors
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+        grpc_client.close()

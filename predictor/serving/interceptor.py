@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from grpc import StatusCode
@@ -63,6 +64,29 @@ _GRPC_AS_HTTP = {
 }
 
 
+def _count(route: str, code: StatusCode) -> None:
+    metrics.REQUESTS.labels(route, code.name).inc()
+    if code != StatusCode.OK:
+        metrics.ERRORS.labels(route, code.name).inc()
+
+
+async def _counted_stream(responses: AsyncIterator[Any], route: str, context: Any) -> AsyncIterator[Any]:
+    """``responses``, counted by how the stream ended: OK when it ran out, CANCELLED when the client
+    cancelled or went away before its end (the task cancelled, or the iteration closed early)."""
+    code = StatusCode.OK
+    try:
+        async for response in responses:
+            yield response
+    except (asyncio.CancelledError, GeneratorExit):
+        code = StatusCode.CANCELLED
+        raise
+    except BaseException:
+        code = context.code() or StatusCode.UNKNOWN
+        raise
+    finally:
+        _count(route, code)
+
+
 class GrpcInterceptor(ExceptionToStatusInterceptor):
     """KServe's mapping plus ours, a request counter by method and final status, request ids in the
     initial metadata, a shadow record per ModelInfer, and each ModelInfer admitted for the drain."""
@@ -86,11 +110,17 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
         # Audio is captured only for calls that will leave a record, as in the REST middleware.
         recorded = self._recorder is not None and name in GRPC_SYNTHESIS_METHODS
         captured, token = records.begin() if recorded else (None, None)
+        streamed = False
         try:
             if self._service is not None and name in GRPC_SYNTHESIS_METHODS:
                 async with self._service.admit(rid, "grpc:" + name):
                     return await super().intercept(method, request_or_iterator, context, method_name)
-            return await super().intercept(method, request_or_iterator, context, method_name)
+            response = await super().intercept(method, request_or_iterator, context, method_name)
+            if hasattr(response, "__aiter__"):
+                # A streamed answer runs after this returns: its outcome is counted when it ends.
+                streamed = True
+                return _counted_stream(response, "grpc:" + name, context)
+            return response
         except asyncio.CancelledError:
             # The client cancelled or went away: grpc cancels the handler, which stops its work at
             # the next engine call or window.
@@ -100,14 +130,12 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
             code = context.code() or StatusCode.UNKNOWN
             raise
         finally:
-            route = "grpc:" + name
-            metrics.REQUESTS.labels(route, code.name).inc()
-            if code != StatusCode.OK:
-                metrics.ERRORS.labels(route, code.name).inc()
+            if not streamed:
+                _count("grpc:" + name, code)
             if recorded and self._recorder is not None:
                 records.end(token)
                 status = _GRPC_AS_HTTP.get(code, 500)
-                self._recorder.submit(rid, route, status, time.perf_counter() - started, captured)
+                self._recorder.submit(rid, "grpc:" + name, status, time.perf_counter() - started, captured)
 
     async def handle_exception(
         self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str
