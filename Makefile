@@ -111,7 +111,7 @@ docs: install
 IMAGE      ?= tts-predictor:dev
 IMAGE_ARGS ?=
 image: install
-	$(BIN)/python -m tts_ops.image build --tag $(IMAGE) -- $(IMAGE_ARGS)
+	$(BIN)/python -m tts_ops.image build --tag $(IMAGE) $(if $(strip $(IMAGE_ARGS)),-- $(IMAGE_ARGS))
 
 base-image: install
 	$(BIN)/python -m tts_ops.image base

@@ -303,12 +303,23 @@ def _quiet(args: list[str]) -> bool:
     return subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tts_ops.image")
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line: what follows the first ``--`` goes to the engine's build as it is (nothing
+    when ``make image`` has IMAGE_ARGS empty). Split here: argparse gives a positional ``nargs="*"``
+    its empty list before ``--tag`` and then refuses the ``--`` and all after it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tts_ops.image", usage="%(prog)s [--tag TAG] {base,build,sizes} [-- BUILD_ARGS...]"
+    )
     parser.add_argument("command", choices=("base", "build", "sizes"))
     parser.add_argument("--tag", default=DEFAULT_TAG)
-    parser.add_argument("extra", nargs="*", help="passed to the engine's build (after --)")
-    args = parser.parse_args(argv)
+    own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    args = parser.parse_args(own)
+    args.extra = extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.command == "base":
             print(ensure_base(engine()))
