@@ -18,7 +18,9 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
+from predictor.api.speech import STREAM_FORMATS, SpeechRequest
 from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SEED_LIMIT, SynthesisParams
@@ -47,6 +49,47 @@ def _errors(*codes: int) -> dict[str, Any]:
         503: "Not ready, draining or overloaded (Retry-After when overloaded)",
     }
     return {str(c): {"description": reasons[c], "content": _json(_ref("error"))} for c in codes}
+
+
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI 3.0 schema of a pydantic model the routes validate with: its JSON Schema with nested
+    models inlined, ``X | None`` as ``nullable``, and pydantic's generated titles dropped."""
+    raw = model.model_json_schema()
+    definitions = raw.pop("$defs", {})
+
+    def convert(node: Any) -> Any:
+        if isinstance(node, list):
+            return [convert(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return convert(definitions[node["$ref"].rsplit("/", 1)[1]])
+        out = {key: convert(value) for key, value in node.items() if key != "title"}
+        if "anyOf" in out:
+            options = [o for o in out.pop("anyOf") if o != {"type": "null"}]
+            if len(options) < len(node["anyOf"]):
+                # 3.0's nullable counts only beside a type, so each typed option carries it.
+                options = [{**o, "nullable": True} for o in options]
+            out = {**options[0], **out} if len(options) == 1 else {"anyOf": options, **out}
+        return out
+
+    return convert(raw)
+
+
+def _speech_request(settings: Settings) -> dict[str, Any]:
+    """SpeechRequest's schema, with what the route checks beyond the model from the same constants:
+    the input's bounds, the formats and stream formats it knows."""
+    schema = model_schema(SpeechRequest)
+    props = schema["properties"]
+    props["model"]["description"] = (
+        f"{settings.model_name!r}, one of MODEL_ALIASES or one of the voice's names; any other is a 400"
+    )
+    # Blank input is refused too ("input is empty").
+    props["input"].update(minLength=1, maxLength=settings.max_stream_text_chars, pattern=r"\S")
+    props["response_format"]["enum"] = codecs.supported_formats()
+    # OpenAPI 3.0: a nullable enum lists null among its values.
+    props["stream_format"]["enum"] = [*STREAM_FORMATS, None]
+    return schema
 
 
 def _synthesis_parameters() -> dict[str, Any]:
@@ -236,19 +279,7 @@ def _schemas(settings: Settings) -> dict[str, Any]:
             },
         },
         # --- OpenAI-style speech ---
-        "speech_request": {
-            "type": "object",
-            "required": ["model", "input"],
-            "additionalProperties": False,
-            "properties": {
-                "model": {"type": "string", "enum": [settings.model_name]},
-                "input": {"type": "string", "minLength": 1, "maxLength": settings.max_stream_text_chars},
-                "voice": {"type": "string"},
-                "response_format": {"type": "string", "enum": codecs.supported_formats()},
-                "speed": {"type": "number", "minimum": 0.25, "maximum": 4.0},
-                "stream": {"type": "boolean"},
-            },
-        },
+        "speech_request": _speech_request(settings),
     }
 
 

@@ -156,3 +156,61 @@ def test_a_20000_character_text_streams_in_bounded_memory(start_predictor):
     whole_audio_as_float32 = received * 2  # int16 on the wire
     assert response.status_code == 200 and received > 22050 * 2 * 600  # over ten minutes of speech
     assert growth < 0.25 * whole_audio_as_float32, f"peak RSS grew {growth / 2**20:.0f} MiB"
+
+
+# Bodies the document and the route must judge alike (runtime data aside: which model and voice names
+# exist is the loaded artifact's, so those are checked only by the route and tested above).
+DOCUMENTED = {
+    "every field": {
+        "input": "Every field at once.",
+        "voice": {"id": "alloy"},
+        "response_format": "pcm",
+        "speed": 1.5,
+        "stream": False,
+        "stream_format": "sse",
+        "instructions": "Ignored by a VITS voice.",
+    },
+    "nulls where the model allows them": {"input": "Hi.", "voice": None, "stream_format": None},
+    "integer speed": {"input": "Hi.", "speed": 2, "response_format": "wav"},
+    "raw stream": {"input": "Hi.", "stream_format": "audio", "response_format": "pcm"},
+    "unknown field": {"input": "Hi.", "pitch": 2},
+    "speed over the range": {"input": "Hi.", "speed": 4.5},
+    "speed a string": {"input": "Hi.", "speed": "1"},
+    "stream a string": {"input": "Hi.", "stream": "yes"},
+    "unknown stream format": {"input": "Hi.", "stream_format": "xml"},
+    "unknown response format": {"input": "Hi.", "response_format": "aac"},
+    "blank input": {"input": "   "},
+    "no input": {},
+    "voice object with an extra key": {"input": "Hi.", "voice": {"id": "alloy", "x": 1}},
+    "voice a number": {"input": "Hi.", "voice": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def speech_schema(predictor):
+    from openapi_schema_validator import OAS30Validator
+
+    document = predictor.get("/v2/openapi.json").json()
+    return OAS30Validator(document["components"]["schemas"]["speech_request"])
+
+
+def test_the_speech_schema_names_exactly_the_fields_the_route_reads(speech_schema):
+    from predictor.api.speech import SpeechRequest
+
+    assert set(speech_schema.schema["properties"]) == set(SpeechRequest.model_fields)
+
+
+@pytest.mark.parametrize("fields", DOCUMENTED.values(), ids=DOCUMENTED.keys())
+def test_the_openapi_document_accepts_a_speech_body_exactly_when_the_route_does(
+    predictor, speech_schema, fields
+):
+    body = {"model": "tts", **fields}
+
+    documented = speech_schema.is_valid(body)
+    response = predictor.post("/v1/audio/speech", json=body)
+
+    assert response.status_code in (200, 400), response.text
+    assert documented == (response.status_code == 200), (
+        f"document {'accepts' if documented else 'refuses'} it, the route answered {response.status_code}: "
+        f"{response.text[:200]}"
+    )
