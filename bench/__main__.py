@@ -1,4 +1,4 @@
-"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|streaming|quality|attacks|all]`: run the benchmarks, print a table, write JSON.
+"""`python -m bench [coldstart|latency|engines|serving|fetch|events|shadow|liveness|image|overload|streaming|quality|attacks|piper|all]`: run the benchmarks, print a table, write JSON.
 
 `python -m bench gpu [--device cpu --small --no-compile]` is separate (bench/gpu.py): it needs a GPU,
 or runs as a CPU dry run.
@@ -39,6 +39,7 @@ SUITES = (
     "streaming",
     "quality",
     "attacks",
+    "piper",
 )
 RESULTS = REPO / "bench" / "results" / "latest.json"
 
@@ -80,6 +81,10 @@ def _run_suite(name: str, session: Session, args: argparse.Namespace) -> SuiteRe
         from bench import attacks
 
         return attacks.run(session)
+    if name == "piper":
+        from bench import piper
+
+        return piper.run(session)
     if name == "overload":
         from bench import overload
 

@@ -251,3 +251,38 @@ def test_a_grpc_stream_whose_caller_cancels_stops_decoding_within_a_few_windows(
         what="the stream counted as cancelled",
     )
     assert p.metric("tts_requests_total", route=route, code="OK") == ok_before + 1
+
+
+REST_ROUTES = {  # path, body, the route's label in tts_requests_total
+    "v2 REST": (
+        "/v2/models/tts/infer",
+        v2_request("Nobody waits for this one."),
+        "/v2/models/{model_name}/infer",
+    ),
+    "v1": (
+        "/v1/models/tts:predict",
+        {"instances": [{"text": "Nobody waits for this one."}]},
+        "/v1/models/{model_name}:predict",
+    ),
+}
+
+
+@pytest.mark.parametrize(("path", "body", "route"), REST_ROUTES.values(), ids=REST_ROUTES.keys())
+def test_a_rest_request_whose_client_hangs_up_while_queued_never_reaches_the_engine_and_counts_as_499(
+    one_at_a_time, path, body, route
+):
+    p = one_at_a_time
+    texts_before = p.metric("tts_batch_size_sum")
+    gone_before = p.metric("tts_requests_total", route=route, code="499")
+    busy = threading.Thread(target=lambda: _grpc_infer(p, " ".join([SENTENCE] * 12)))
+    busy.start()
+    wait_until(lambda: p.metric("tts_in_flight_requests") >= 1, 30, what="the long call running")
+
+    s = _raw_request(p, path, body)
+    wait_until(lambda: p.metric("tts_in_flight_requests") >= 2, 30, what="the request queued")
+    s.close()
+    busy.join(120)
+    wait_until(lambda: p.metric("tts_in_flight_requests") == 0, 60, what="the engine idle")
+
+    assert p.metric("tts_batch_size_sum") - texts_before == 1  # the long call's text, nothing else
+    assert p.metric("tts_requests_total", route=route, code="499") == gone_before + 1
