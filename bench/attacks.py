@@ -19,9 +19,9 @@ import numpy as np
 
 from bench.common import Predictor, Row, Session, SuiteResult, log
 from testing.bodies import v2_request
+from testing.slow_clients import stalled
 
 SIX_SENTENCES = " ".join(["The quick brown fox jumps over the lazy dog."] * 6)
-HALF_A_HEAD = b"POST /v2/models/tts/infer HTTP/1.1\r\nHost: predictor\r\nContent-Type: appl"
 HEAD_TIMEOUT_S = 10
 IDLE_WAIT_S = 90.0  # how long the server gets to finish what an attack started
 
@@ -156,12 +156,7 @@ def _big_bodies(p: Predictor) -> list[Row]:
 
 
 def _stalled_heads(p: Predictor) -> list[Row]:
-    with contextlib.ExitStack() as held:
-        sockets = []
-        for _ in range(200):
-            s = held.enter_context(socket.create_connection(("127.0.0.1", p.http_port), timeout=10))
-            s.sendall(HALF_A_HEAD)
-            sockets.append(s)
+    with stalled(p.http_port, 200) as sockets:
         time.sleep(HEAD_TIMEOUT_S + 5)
         still_open = 0
         for s in sockets:
@@ -182,10 +177,7 @@ def _stalled_heads(p: Predictor) -> list[Row]:
             met=still_open == 0,
         )
     ]
-    with contextlib.ExitStack() as held:
-        for _ in range(1050):
-            s = held.enter_context(socket.create_connection(("127.0.0.1", p.http_port), timeout=10))
-            s.sendall(HALF_A_HEAD)
+    with stalled(p.http_port, 1050):
         codes = [p.get(path, timeout=1).status_code for path in ("/v2/health/live", "/v2/models/tts/ready")]
     rows.append(
         Row(

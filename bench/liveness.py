@@ -13,8 +13,6 @@ reported as such and left out of the figures.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 
@@ -34,6 +32,7 @@ from bench.common import (
 from testing.bodies import v2_request
 from testing.load import largest_bodies
 from testing.probes import http_probe
+from testing.slow_clients import stalled
 
 IDLE_N = 100
 PROBE_EVERY_S = 0.02
@@ -46,7 +45,6 @@ STALLED = 1500
 MAX_CONNECTIONS = 1000  # the default; STALLED is over it
 MAX_TEXT_CHARS = 5000  # the default: the many-texts body carries MAX_BATCH_ITEMS texts this long
 STALLED_PROBES = 100
-HALF_A_HEAD = b"POST /v2/models/tts/infer HTTP/1.1\r\nHost: predictor\r\nContent-Type: appl"
 
 
 def _probe(p: Predictor) -> tuple[float, str | None]:
@@ -187,16 +185,8 @@ def run(session: Session) -> SuiteResult:
 
 def _probes_while_stalled(p: Predictor) -> tuple[list[float], list[str], int]:
     """Probe while STALLED connections hold half a request head each; (ok seconds, failures, opened)."""
-    with contextlib.ExitStack() as held:
-        opened = 0
-        for _ in range(STALLED):
-            try:
-                s = held.enter_context(socket.create_connection(("127.0.0.1", p.http_port), timeout=10))
-                s.sendall(HALF_A_HEAD)
-                opened += 1
-            except OSError as exc:
-                log(f"liveness: stalled connection {opened + 1} failed: {exc}")
-                break
+    with stalled(p.http_port, STALLED) as held:
+        opened = len(held)
         ok, failed = _probes(p, None, STALLED_PROBES)
     return ok, failed, opened
 

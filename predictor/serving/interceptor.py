@@ -77,14 +77,20 @@ async def _counted_stream(responses: AsyncIterator[Any], route: str, context: An
     try:
         async for response in responses:
             yield response
-    except (asyncio.CancelledError, GeneratorExit):
-        code = StatusCode.CANCELLED
-        raise
-    except BaseException:
-        code = context.code() or StatusCode.UNKNOWN
+    except BaseException as exc:
+        code = _ended_by(exc, context)
         raise
     finally:
         _count(route, code)
+
+
+def _ended_by(exc: BaseException, context: Any) -> StatusCode:
+    """The status of a call that raised ``exc``: CANCELLED when its client cancelled or went away (grpc
+    cancels the handler, which stops its work at the next engine call or window; a stream's iteration
+    is closed early), else what the handler set, else UNKNOWN."""
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return StatusCode.CANCELLED
+    return context.code() or StatusCode.UNKNOWN
 
 
 class GrpcInterceptor(ExceptionToStatusInterceptor):
@@ -121,13 +127,8 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
                 streamed = True
                 return _counted_stream(response, "grpc:" + name, context)
             return response
-        except asyncio.CancelledError:
-            # The client cancelled or went away: grpc cancels the handler, which stops its work at
-            # the next engine call or window.
-            code = StatusCode.CANCELLED
-            raise
-        except BaseException:
-            code = context.code() or StatusCode.UNKNOWN
+        except BaseException as exc:
+            code = _ended_by(exc, context)
             raise
         finally:
             if not streamed:

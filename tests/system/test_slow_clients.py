@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from testing.predictor import PredictorProcess
+from testing.slow_clients import HALF_A_HEAD, stalled
 
 HEAD_TIMEOUT_S = 6.0
-HALF_A_HEAD = b"POST /v2/models/tts/infer HTTP/1.1\r\nHost: predictor\r\nContent-Type: appl"
 PROBES = ("/v2/health/live", "/v2/models/tts/ready")
 # Kubernetes' default probe timeout (timeoutSeconds: 1), which the manifests keep.
 PROBE_TIMEOUT_S = 1.0
@@ -28,19 +27,10 @@ def _connect(p: PredictorProcess) -> socket.socket:
     return socket.create_connection(("127.0.0.1", p.http_port), timeout=30)
 
 
-@contextlib.contextmanager
-def _stalled(p: PredictorProcess, n: int, send: bytes = HALF_A_HEAD) -> Iterator[list[socket.socket]]:
-    sockets = []
-    try:
-        for _ in range(n):
-            s = _connect(p)
-            if send:
-                s.sendall(send)
-            sockets.append(s)
-        yield sockets
-    finally:
-        for s in sockets:
-            s.close()
+def _stalled(
+    p: PredictorProcess, n: int, send: bytes = HALF_A_HEAD
+) -> contextlib.AbstractContextManager[list[socket.socket]]:
+    return stalled(p.http_port, n, send)
 
 
 def _closed_by_peer(s: socket.socket, within_s: float) -> float | None:
