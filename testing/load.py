@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from testing.bodies import v2_request
+from testing.predictor import metric
 
 # About four million characters: a v2 body just under MAX_REQUEST_BYTES' default (4 MiB).
 HUGE_TEXT = "a " * 1_900_000
@@ -106,15 +106,6 @@ class ResidentSampler:
         return max(later) - later[0] if later else 0
 
 
-def engine_texts(url: str) -> float:
-    """Texts the predictor at ``url`` has run through its engine so far (``tts_batch_size_sum``)."""
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
-        for sample in family.samples:
-            if sample.name == "tts_batch_size_sum":
-                return sample.value
-    return 0.0
-
-
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0-1) by nearest rank; nan when empty."""
     if not values:
@@ -186,9 +177,9 @@ def overload(
         return ("max", v2_request(long)) if i % long_every == long_every - 1 else ("short", v2_request(short))
 
     sampler = ResidentSampler(pid, interval_s=0.5)
-    synthesized_before = engine_texts(url)
+    synthesized_before = metric(url, "tts_batch_size_sum")
     outcomes = open_loop(infer, body, report.rate_rps, duration_s)
-    report.synthesized = int(engine_texts(url) - synthesized_before)
+    report.synthesized = int(metric(url, "tts_batch_size_sum") - synthesized_before)
     sampler.stop()
     report.statuses = Counter(o.status for o in outcomes)
     report.refused_without_retry_after = sum(

@@ -21,6 +21,16 @@ from testing.process import Child, child_env
 SERVE = [sys.executable, "-m", "predictor", "serve"]
 
 
+def metric(url: str, name: str, **labels: str) -> float:
+    """Value of the one sample ``name`` with these labels from the /metrics of the predictor at ``url``
+    (0 when absent)."""
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=5).text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
 class PredictorProcess(Child):
     """`python -m predictor serve` on free ports (unless given), its output in ``log_path``.
 
@@ -80,11 +90,7 @@ class PredictorProcess(Child):
 
     def metric(self, name: str, **labels: str) -> float:
         """Value of the one sample ``name`` with these labels from /metrics (0 when absent)."""
-        for family in text_string_to_metric_families(self.get("/metrics").text):
-            for sample in family.samples:
-                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                    return float(sample.value)
-        return 0.0
+        return metric(self.url, name, **labels)
 
     def stop(self, grace_s: float = 30.0) -> int:
         # Longer than a plain child's: the drain on SIGTERM may take DRAIN_TIMEOUT_S.

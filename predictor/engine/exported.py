@@ -47,11 +47,11 @@ class OnnxEngine(PiperEngine):
         # One request at a time runs through the graph; parallelism lives inside each operator.
         self._options.inter_op_num_threads = 1
         if device == "cpu":
-            # No spinning: the voice runs as two sessions (encoder, decoder), each with its own
-            # intra-op pool, and a pool that spins after its run holds the CPUs the next one needs (and
-            # the event loop's). The engine alone in a process on 2 CPUs, medians of 7 on bench/piper.py's
-            # texts (docs/benchmarks.md, "Against Piper"): 26 characters 135-148 ms spinning vs 89-92 ms not; ten sentences
-            # 1535-1851 vs 1169-1251 ms; one 345-character sentence the same (1126-1316 vs 1135-1288).
+            # No spinning: the voice runs as two sessions (encoder, decoder), each with its own intra-op
+            # pool, and a pool that spins after its run holds the CPUs the next one needs (and the event
+            # loop's). The engine alone in a process on 2 CPUs, medians of 7 on bench/piper.py's texts
+            # (docs/benchmarks.md, "Against Piper's own server"): 26 characters 135-148 ms spinning vs
+            # 89-92 ms not; ten sentences 1535-1851 vs 1169-1251 ms; one 345-character sentence the same.
             self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._encoder: onnxruntime.InferenceSession | None = None
         self._decoder: onnxruntime.InferenceSession | None = None

@@ -106,6 +106,7 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
     async def intercept(self, method: Any, request_or_iterator: Any, context: Any, method_name: str) -> Any:
         code = StatusCode.OK
         name = method_name.rsplit("/", 1)[-1]
+        route = "grpc:" + name
         incoming = dict(context.invocation_metadata() or ()).get(request_ids.REQUEST_ID_HEADER)
         rid = request_ids.request_id(incoming if isinstance(incoming, str) else None)
         await context.send_initial_metadata(
@@ -119,24 +120,24 @@ class GrpcInterceptor(ExceptionToStatusInterceptor):
         streamed = False
         try:
             if self._service is not None and name in GRPC_SYNTHESIS_METHODS:
-                async with self._service.admit(rid, "grpc:" + name):
+                async with self._service.admit(rid, route):
                     return await super().intercept(method, request_or_iterator, context, method_name)
             response = await super().intercept(method, request_or_iterator, context, method_name)
             if hasattr(response, "__aiter__"):
                 # A streamed answer runs after this returns: its outcome is counted when it ends.
                 streamed = True
-                return _counted_stream(response, "grpc:" + name, context)
+                return _counted_stream(response, route, context)
             return response
         except BaseException as exc:
             code = _ended_by(exc, context)
             raise
         finally:
             if not streamed:
-                _count("grpc:" + name, code)
+                _count(route, code)
             if recorded and self._recorder is not None:
                 records.end(token)
                 status = _GRPC_AS_HTTP.get(code, 500)
-                self._recorder.submit(rid, "grpc:" + name, status, time.perf_counter() - started, captured)
+                self._recorder.submit(rid, route, status, time.perf_counter() - started, captured)
 
     async def handle_exception(
         self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str
