@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 
 # Per message template: this many lines per window, then silence until the window ends; the next line
@@ -105,6 +106,16 @@ def configure(level: str, fmt: str) -> None:
     # Python warnings (a library's deprecation notice) go through the same handler, so in JSON mode
     # every line on stderr is JSON, as log shippers expect.
     logging.captureWarnings(True)
+    # So does an exception that ends a thread (threading's default prints a bare traceback).
+    threading.excepthook = _log_thread_exception
     # boto's debug logs can include signed headers; keep them quiet whatever LOG_LEVEL says.
     for name in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(name).setLevel(max(logging.INFO, logging.getLevelName(level)))
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    exc_info = (args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback)
+    thread = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("predictor.threads").error("thread %s ended by an exception", thread, exc_info=exc_info)

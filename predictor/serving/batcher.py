@@ -63,7 +63,22 @@ class _Job:
             else:
                 self.future.set_result(result)
 
-        self.loop.call_soon_threadsafe(settle)
+        _post(self.loop, settle)
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: object) -> bool:
+    """Hand `callback` to the event loop from the engine thread; False once that loop has closed.
+
+    A drain that timed out (DRAIN_TIMEOUT_S) ends the loop while the engine may still be inside the
+    request it cut off: that request's caller is gone, so what it would have been handed is dropped.
+    """
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
+        return False
+    return True
 
 
 class Batcher:
@@ -185,7 +200,8 @@ class Batcher:
         on_piece = job.on_piece
         try:
             for audio, last in self._run_stream(job.texts[0], job.params):
-                job.loop.call_soon_threadsafe(on_piece, audio, last)
+                if not _post(job.loop, on_piece, audio, last):
+                    break  # the server stopped: nobody is left to hand the rest to
                 if job.future.cancelled():  # the caller went away: stop before the next window
                     metrics.REJECTED.labels("cancelled").inc()
                     break

@@ -454,6 +454,43 @@ def test_drain_reports_work_still_running_at_its_timeout() -> None:
     assert run(main) is False
 
 
+def test_a_stream_cut_off_by_the_end_of_its_event_loop_leaves_the_engine_thread_serving(monkeypatch) -> None:
+    # A drain that times out ends the event loop while the engine is still inside the request it
+    # cut off (CI once saw the engine thread die on 'Event loop is closed' there).
+    decoded: list[int] = []
+    loop_gone = threading.Event()
+    thread_errors: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+
+    def run_stream(text: str, params: SynthesisParams):
+        for n in range(4):
+            decoded.append(n)
+            yield np.zeros(10, dtype=np.float32), n == 3
+            loop_gone.wait(HANG_GUARD_S)
+
+    engine = FakeEngine()
+    batcher = Batcher(
+        engine.synthesize, run_stream=run_stream, max_batch_size=1, max_delay_s=0, max_queue=4, timeout_s=30
+    )
+
+    async def cut_off() -> None:
+        pieces: asyncio.Queue[bool] = asyncio.Queue()
+        batcher.submit(["Long."], QUIET, on_piece=lambda _audio, last: pieces.put_nowait(last))
+        await pieces.get()
+
+    asyncio.run(cut_off())  # returns with the stream's first window handed over, the rest not
+    loop_gone.set()
+
+    async def next_request() -> tuple[list[np.ndarray], float]:
+        return await asyncio.wait_for(batcher.submit(["After."], QUIET), HANG_GUARD_S)
+
+    audio, _seconds = run(next_request)
+
+    assert len(audio[0]) == FakeEngine.samples_for("After.")
+    assert decoded == [0, 1], "the engine went on decoding for a loop that had closed"
+    assert not thread_errors, [f"{e.exc_type.__name__}: {e.exc_value}" for e in thread_errors]
+
+
 def test_requests_before_the_model_is_ready_are_refused_as_cold_start() -> None:
     service = TTSService(Settings())
 
