@@ -7,7 +7,7 @@ S3_PORT  ?= 9000
 VOICE_URI ?= s3://voices/en_US-joe-medium
 
 .PHONY: install system-packages run test test-fast fuzz mos-reference bench overload load lint docs image base-image image-sizes \
-  manifests validate schemas cluster-packages cluster-build cluster cluster-down e2e clean
+  manifests validate schemas cluster-packages cluster-build cluster cluster-deploy cluster-down e2e clean
 
 install: $(VENV)/.installed
 
@@ -142,6 +142,12 @@ cluster: install cluster-packages
 
 cluster-down:
 	$(BIN)/python -m cluster.node down
+
+# A flavour's e2e overlay on that cluster (cluster/deploy.py: our image, the voice store and Prometheus
+# on the node); waits until the predictor is at zero; prints URL=... and HOST=... last.
+FLAVOUR ?= keda
+cluster-deploy: cluster system-packages
+	$(BIN)/python -m cluster.deploy $(FLAVOUR)
 
 # tests/e2e against the cluster (started by `make cluster` if it is not up).
 e2e: cluster

@@ -137,7 +137,7 @@ class Predictor(PredictorProcess):
     def __init__(self, session: Session, model_dir: Path, **env: str):
         full = {
             **aws_env(session.moto),
-            "STORAGE_URI": session.voice,
+            "VOICE_URI": session.voice,
             "MODEL_DIR": str(model_dir),
             "CPU_THREADS": str(THREADS),
             "LOG_FORMAT": "json",

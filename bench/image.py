@@ -85,7 +85,7 @@ def run(session: Session) -> SuiteResult:
     import boto3
 
     boto3.client("s3", endpoint_url=session.moto).create_bucket(Bucket=shadow_bucket)
-    env = {**spec.env, "STORAGE_URI": session.voice, "CPU_THREADS": str(THREADS)}
+    env = {**spec.env, "VOICE_URI": session.voice, "CPU_THREADS": str(THREADS)}
     container_env = {**aws_env(session.moto), **env}
     container_env = {
         k: v for k, v in container_env.items() if not k.startswith("AWS_CONFIG") and "SHARED" not in k

@@ -191,7 +191,7 @@ def _throughput_vs_before(res: SuiteResult, session: Session, engine: str, now: 
         res.notes.append("no BENCH_BEFORE_TREE: throughput vs before not measured")
         return
     uri, env = before
-    old = Predictor(session, session.path("model"), ENGINE=engine, STORAGE_URI=uri, **env)
+    old = Predictor(session, session.path("model"), ENGINE=engine, VOICE_URI=uri, **env)
     try:
         old.wait_ready()
         texts = [SENTENCE_25, THREE]

@@ -61,6 +61,12 @@ class Record:
         self.data["pids"][name] = pid
         self.save()
 
+    def cluster_pids(self) -> list[int]:
+        """The pids of the cluster itself: what `make cluster-deploy` added on top (cluster.deploy names
+        them in `deployed`) is stopped by `down` too, but its absence does not mean the cluster is down."""
+        deployed = set(self.data.get("deployed", []))
+        return [pid for name, pid in self.data["pids"].items() if name not in deployed]
+
 
 def log(message: str) -> None:
     print(f"[cluster {time.strftime('%H:%M:%S')}] {message}", flush=True)
@@ -501,9 +507,8 @@ def api_ready() -> bool:
 
 
 def is_up() -> bool:
-    record = Record()
-    pids = record.data.get("pids", {})
-    return bool(pids) and all(alive(p) for p in pids.values()) and api_ready()
+    pids = Record().cluster_pids()
+    return bool(pids) and all(alive(p) for p in pids) and api_ready()
 
 
 def ctr(*args: str) -> subprocess.CompletedProcess:

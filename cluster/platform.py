@@ -31,7 +31,7 @@ def _yaml_docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
 
 
-def _apply(objects: list[dict[str, Any]]) -> None:
+def apply(objects: list[dict[str, Any]]) -> None:
     text = "\n".join(json.dumps(o) for o in objects)
     out = node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=text, check=False)
     if out.returncode != 0:
@@ -42,7 +42,7 @@ def install_crds() -> int:
     """Every CRD of every pinned project (server-side: some are larger than an annotation may hold)."""
     objects = [doc for _, _, doc in crds.crds()]
     for start in range(0, len(objects), 20):
-        _apply(objects[start : start + 20])
+        apply(objects[start : start + 20])
     names = [o["metadata"]["name"] for o in objects]
     out = node.kubectl(
         "wait", "--for=condition=Established", "--timeout=120s", *[f"crd/{n}" for n in names], check=False
@@ -52,7 +52,7 @@ def install_crds() -> int:
     return len(objects)
 
 
-def _namespace(name: str) -> dict[str, Any]:
+def namespace(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
@@ -105,12 +105,12 @@ def _env(extra: dict[str, str]) -> list[str]:
 
 def start_kserve(record: node.Record) -> None:
     root = _module("kserve")
-    _apply([_namespace("kserve")])
+    apply([namespace("kserve")])
     configmap = next(
         d for d in _yaml_docs(root / "config/configmap/inferenceservice.yaml") if d["kind"] == "ConfigMap"
     )
     configmap["metadata"]["namespace"] = "kserve"
-    _apply([configmap])
+    apply([configmap])
     # controller-runtime reads its serving certificate from $TMPDIR/k8s-webhook-server/serving-certs.
     tmp = node.STATE / "kserve-tmp"
     certs = tmp / "k8s-webhook-server" / "serving-certs"
@@ -142,7 +142,7 @@ def start_kserve(record: node.Record) -> None:
         "kserve-controller",
     )
     subs = {"$(webhookServiceName)": "kserve-webhook-server-service", "$(kserveNamespace)": "kserve"}
-    _apply(webhook_configurations(root / "config/webhook/manifests.yaml", KSERVE_WEBHOOK_PORT, subs))
+    apply(webhook_configurations(root / "config/webhook/manifests.yaml", KSERVE_WEBHOOK_PORT, subs))
 
 
 def _tls_listening(holder: int, port: int) -> bool:
@@ -159,7 +159,7 @@ def _tls_listening(holder: int, port: int) -> bool:
 
 def start_keda_webhooks(record: node.Record) -> None:
     root = _module("keda")
-    _apply([_namespace("keda")])
+    apply([namespace("keda")])
     certs = node.STATE / "keda-certs"
     certs.mkdir(parents=True, exist_ok=True)
     crt, key = _serving_cert("keda-webhook", "keda-admission-webhooks", "keda")
@@ -185,10 +185,10 @@ def start_keda_webhooks(record: node.Record) -> None:
         "keda-webhooks",
     )
     subs = {"keda-admission-webhooks": "keda-admission-webhooks"}
-    _apply(webhook_configurations(root / "config/webhooks/validation_webhooks.yaml", KEDA_WEBHOOK_PORT, subs))
+    apply(webhook_configurations(root / "config/webhooks/validation_webhooks.yaml", KEDA_WEBHOOK_PORT, subs))
 
 
-def _node_service(name: str, namespace: str, port: int, target: int) -> list[dict[str, Any]]:
+def node_service(name: str, namespace: str, port: int, target: int) -> list[dict[str, Any]]:
     """A Service without selector whose one endpoint is a process of the node (at the node IP)."""
     return [
         {
@@ -241,7 +241,7 @@ KEDA_ENV = {"POD_NAMESPACE": "keda", "KEDA_CLUSTER_OBJECT_NAMESPACE": "keda", "W
 
 def start_keda_operator(record: node.Record) -> None:
     certs = _keda_certs()
-    _apply([_namespace("keda"), *_node_service("keda-operator", "keda", KEDA_GRPC_PORT, KEDA_GRPC_PORT)])
+    apply([namespace("keda"), *node_service("keda-operator", "keda", KEDA_GRPC_PORT, KEDA_GRPC_PORT)])
     node.start(
         record,
         "keda-operator",
@@ -265,7 +265,7 @@ def start_keda_operator(record: node.Record) -> None:
 
 def start_keda_adapter(record: node.Record) -> None:
     certs = _keda_certs()
-    _apply(_node_service("keda-metrics-apiserver", "keda", 443, KEDA_METRICS_PORT))
+    apply(node_service("keda-metrics-apiserver", "keda", 443, KEDA_METRICS_PORT))
     node.start(
         record,
         "keda-adapter",
@@ -283,7 +283,7 @@ def start_keda_adapter(record: node.Record) -> None:
             "--metrics-service-grpc-authority=keda-operator.keda.svc.cluster.local", "--port=8284",
         ],
     )  # fmt: skip
-    _apply(
+    apply(
         [
             {
                 "apiVersion": "apiregistration.k8s.io/v1",
@@ -318,12 +318,12 @@ HTTP_ADMIN_PORT = 9091  # 9090 is the scaler's in the same namespace
 
 def start_http_add_on(record: node.Record) -> None:
     """The HTTP add-on's interceptor, external scaler and operator, with the Services our manifests name."""
-    _apply(
+    apply(
         [
-            _namespace("keda"),
-            *_node_service("keda-add-ons-http-external-scaler", "keda", HTTP_SCALER_PORT, HTTP_SCALER_PORT),
-            *_node_service("keda-add-ons-http-interceptor-admin", "keda", HTTP_ADMIN_PORT, HTTP_ADMIN_PORT),
-            *_node_service("keda-add-ons-http-interceptor-proxy", "keda", 8080, HTTP_PROXY_PORT),
+            namespace("keda"),
+            *node_service("keda-add-ons-http-external-scaler", "keda", HTTP_SCALER_PORT, HTTP_SCALER_PORT),
+            *node_service("keda-add-ons-http-interceptor-admin", "keda", HTTP_ADMIN_PORT, HTTP_ADMIN_PORT),
+            *node_service("keda-add-ons-http-interceptor-proxy", "keda", 8080, HTTP_PROXY_PORT),
         ]
     )
     binaries = node.bins()
@@ -367,14 +367,14 @@ def start_http_add_on(record: node.Record) -> None:
     )  # fmt: skip
     node.wait_for(
         "the HTTP add-on interceptor",
-        lambda: _http_status(holder, f"http://{node.NODE_IP}:{HTTP_PROXY_PORT}/") not in ("", "000"),
+        lambda: http_status(holder, f"http://{node.NODE_IP}:{HTTP_PROXY_PORT}/") not in ("", "000"),
         120,
         record,
         "http-interceptor",
     )
 
 
-def _http_status(holder: int, url: str) -> str:
+def http_status(holder: int, url: str) -> str:
     import subprocess
 
     out = subprocess.run(

@@ -103,9 +103,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
     settings = load_settings(**overrides)
     with tempfile.TemporaryDirectory(prefix="tts-synth-") as tmp:
         model_dir = Path(args.model_dir) if args.model_dir else Path(tmp)
-        if args.storage_uri:
+        if args.voice_uri:
             fetching.fetch(
-                args.storage_uri,
+                args.voice_uri,
                 model_dir,
                 **fetching.FetchOptions.from_settings(settings).as_kwargs(),
                 engine=settings.engine_name,
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--model-dir", help="an artifact dir (default: the packaged voice)")
-    p.add_argument("--storage-uri", help="fetch the artifact from here first")
+    p.add_argument("--voice-uri", help="fetch the artifact from here first")
     p.add_argument(
         "--engine", choices=["torch", "onnx"], help="default: ENGINE (auto: onnx on CPU, torch on CUDA)"
     )

@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     )
 
     # --- artifact and fetch: storage -> MODEL_DIR ---
-    storage_uri: str = Field(
+    voice_uri: str = Field(
         "",
         description="s3://bucket/prefix, file:///path or a plain path holding manifest.json; "
         "empty: MODEL_DIR must already hold a verified artifact (a volume, the image).",
@@ -628,7 +628,7 @@ class Settings(BaseSettings):
 GROUPS: dict[str, tuple[str, ...]] = {
     "Identity and ports": ("model_name", "model_version", "http_port", "grpc_port"),
     "Artifact and fetch": (
-        "storage_uri",
+        "voice_uri",
         "model_dir",
         "fetch_concurrency",
         "fetch_part_size_mib",

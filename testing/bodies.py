@@ -1,8 +1,11 @@
-"""Request bodies: v2 (REST JSON and gRPC), v1 and the OpenAI speech route, for model ``tts``."""
+"""Request bodies: v2 (REST JSON and gRPC), v1 and the OpenAI speech route, for model ``tts``; the audio of a
+v2 response."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 MODEL = "tts"
 
@@ -15,6 +18,14 @@ def v2_request(*texts: str, **parameters: Any) -> dict[str, Any]:
     if parameters:
         body["parameters"] = parameters
     return body
+
+
+def audio_of(body: dict[str, Any], index: int = 0) -> np.ndarray:
+    """Text ``index``'s audio in a v2 REST response (the padded ``audio`` tensor cut to its length)."""
+    outputs = {o["name"]: o for o in body["outputs"]}
+    audio = np.asarray(outputs["audio"]["data"], dtype=np.float32).reshape(outputs["audio"]["shape"])
+    length = outputs["audio_length"]["data"][index]
+    return audio[index, :length]
 
 
 def v1_request(*texts: str, **parameters: Any) -> dict[str, Any]:

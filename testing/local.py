@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"published the default voice to {args.voice_uri}", flush=True)
             env = {
                 **aws_env(endpoint),
-                "STORAGE_URI": args.voice_uri,
+                "VOICE_URI": args.voice_uri,
                 "MODEL_DIR": str(CACHE / "models" / "en_US-joe-medium"),
                 "LOG_FORMAT": "text",
                 # Event outputs (data.output) may go here and nowhere else; the bucket is not created.

@@ -24,7 +24,12 @@ SERVE = [sys.executable, "-m", "predictor", "serve"]
 def metric(url: str, name: str, **labels: str) -> float:
     """Value of the one sample ``name`` with these labels from the /metrics of the predictor at ``url``
     (0 when absent)."""
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=5).text):
+    return metric_in(httpx.get(url + "/metrics", timeout=5).text, name, **labels)
+
+
+def metric_in(exposition: str, name: str, **labels: str) -> float:
+    """Value of the one sample ``name`` with these labels in a /metrics page's text (0 when absent)."""
+    for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)

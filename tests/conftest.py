@@ -103,7 +103,7 @@ def start_predictor(
     def start(wait: bool = True, **env: str) -> PredictorProcess:
         base = {
             **aws_env(s3_server, secret_access_key=SECRET),
-            "STORAGE_URI": published_voice,
+            "VOICE_URI": published_voice,
             "MODEL_DIR": str(tmp_path_factory.mktemp("model")),
             "MAX_TEXT_CHARS": "2000",
             "CPU_THREADS": "1",  # two predictors may share CI's two cores
@@ -178,7 +178,7 @@ def quiet_predictor(
     with pytest.MonkeyPatch.context() as mp:
         _apply_aws_env(mp, s3_server)
         uri = publish_voice(quiet, QUIET_VOICE_URI, s3_server)
-    return start_predictor(STORAGE_URI=uri)
+    return start_predictor(VOICE_URI=uri)
 
 
 # --- Prometheus (the Debian package) as a real process (testing/prometheus.py) ----------------

@@ -432,6 +432,14 @@ def lint_problems(obj: Obj) -> list[str]:
     problems += unknown_keys(obj)
     if obj["kind"] == "Trigger":
         problems += _trigger_problems(obj)
+    if obj["kind"] == "InferenceService":
+        for container in obj["spec"]["predictor"].get("containers", []):
+            if any(e.get("name") == "STORAGE_URI" for e in container.get("env", [])):
+                # KServe's CustomPredictor.GetStorageUri: the env var is a storageUri in disguise.
+                problems.append(
+                    f"container {container.get('name')}: env STORAGE_URI makes KServe inject its "
+                    "storage-initializer over MODEL_DIR (the predictor reads VOICE_URI)"
+                )
     if obj["kind"] == "InferenceService" and not is_serverless(obj):
         # Knative-only knobs are silently ignored in Standard mode: the value someone tuned does nothing.
         knative_only = [

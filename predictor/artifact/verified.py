@@ -58,7 +58,7 @@ def marker_fields(sha256: str, st: os.stat_result) -> dict:
 def verified_earlier(uri: str, model_dir: Path, engine: str | None) -> Manifest | None:
     """The artifact a previous container of this pod fetched from the same URI, if still intact.
 
-    An emptyDir lives as long as its pod, and a pod's STORAGE_URI cannot change, so a container
+    An emptyDir lives as long as its pod, and a pod's VOICE_URI cannot change, so a container
     restarted in the same pod finds here exactly what it would fetch (KServe's storage initializer
     likewise runs once per pod). Trusting it skips boto3, the network and every hash: only the
     markers' size/mtime/ctime/inode are compared. Anything missing or touched -> the normal fetch.

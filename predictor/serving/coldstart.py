@@ -191,8 +191,8 @@ def fetch(settings: Settings) -> tuple[Manifest, FetchReport]:
     from predictor.artifact import fetch as fetching
     from predictor.errors import IntegrityError, TransientStorageError
 
-    # Empty STORAGE_URI: the artifact is already in MODEL_DIR; it is still verified, never trusted.
-    uri = settings.storage_uri or str(settings.model_dir)
+    # Empty VOICE_URI: the artifact is already in MODEL_DIR; it is still verified, never trusted.
+    uri = settings.voice_uri or str(settings.model_dir)
     policy = artifact_policy(settings)
     attempts = policy.retries + 1
     for attempt in range(1, attempts + 1):

@@ -1,8 +1,12 @@
 """The cluster of `make cluster` for the e2e tests: KUBECTL and KUBECONFIG from the environment (as
-`make cluster` prints them), else `python -m cluster.node up` is run, which reuses a cluster already up."""
+`make cluster` prints them), else `python -m cluster.node up` is run, which reuses a cluster already up.
+The keda flavour as `make cluster-deploy FLAVOUR=keda` deploys it (URL and HOST from its last lines).
+Figures the tests measure go to the e2e report, printed at the end and written as JSON beside the
+cluster's state (E2E_REPORT overrides where)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,3 +46,47 @@ def cluster() -> Cluster:
     assert out.returncode == 0, f"make cluster failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     env = dict(line.split("=", 1) for line in out.stdout.strip().splitlines()[-2:])
     return Cluster(env["KUBECTL"], env["KUBECONFIG"])
+
+
+@dataclass(frozen=True)
+class Flavour:
+    url: str  # http://127.0.0.1:<port>, the flavour's 0 -> 1 path
+    host: str  # the Host header that path routes on
+
+
+def _deploy(flavour: str) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "cluster.deploy", flavour],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, f"make cluster-deploy failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return dict(line.split("=", 1) for line in out.stdout.strip().splitlines()[-2:])
+
+
+@pytest.fixture(scope="session")
+def keda(cluster) -> Flavour:
+    env = _deploy("keda")
+    return Flavour(env["URL"], env["HOST"])
+
+
+REPORT: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def e2e_report() -> dict[str, object]:
+    return REPORT
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not REPORT:
+        return
+    from cluster import node
+
+    path = Path(os.environ.get("E2E_REPORT", node.STATE / "e2e-report.json"))
+    path.write_text(json.dumps(REPORT, indent=1))
+    terminalreporter.section("e2e figures")
+    terminalreporter.write_line(json.dumps(REPORT, indent=1))
+    terminalreporter.write_line(f"(written to {path})")

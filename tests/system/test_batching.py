@@ -10,7 +10,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from testing.bodies import v2_request
+from testing.bodies import audio_of, v2_request
 
 LONG = " ".join(["Every request either gets a place in the queue or an answer at once."] * 6)
 QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
@@ -31,15 +31,12 @@ def concurrently(predictor, bodies: list[dict], stagger_s: float = 0.0) -> list:
     return results
 
 
-def audio_of(response) -> np.ndarray:
-    outputs = {o["name"]: o for o in response.json()["outputs"]}
-    return np.asarray(outputs["audio"]["data"], dtype=np.float32)[: outputs["audio_length"]["data"][0]]
-
-
 def test_concurrent_requests_share_a_batch_and_match_alone(start_predictor):
     predictor = start_predictor(MAX_BATCH_SIZE="4", MAX_BATCH_DELAY_MS="300")
     texts = ["First of three.", "The second request is a little longer.", "Third!"]
-    alone = [audio_of(predictor.post("/v2/models/tts/infer", json=v2_request(t, **QUIET))) for t in texts]
+    alone = [
+        audio_of(predictor.post("/v2/models/tts/infer", json=v2_request(t, **QUIET)).json()) for t in texts
+    ]
     batches_before = predictor.metric("tts_batch_size_count")
 
     together = concurrently(predictor, [v2_request(t, **QUIET) for t in texts])
@@ -48,7 +45,7 @@ def test_concurrent_requests_share_a_batch_and_match_alone(start_predictor):
     engine_calls = predictor.metric("tts_batch_size_count") - batches_before
     assert engine_calls < len(texts), "no two requests shared an engine call"
     for response, reference in zip(together, alone, strict=False):
-        np.testing.assert_allclose(audio_of(response), reference, atol=5e-4)
+        np.testing.assert_allclose(audio_of(response.json()), reference, atol=5e-4)
 
 
 def test_full_queue_refuses_at_once_with_retry_after_and_recovers(start_predictor):

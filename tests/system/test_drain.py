@@ -74,7 +74,7 @@ def quiet_voice(s3_server: str, voice_dir: Path, tmp_path_factory: pytest.TempPa
 def start_quiet(start_predictor, quiet_voice):
     def start(**env: str):
         # Segments of one sentence each: the ten-sentence text is a ten-segment stream.
-        return start_predictor(STORAGE_URI=quiet_voice, MAX_SEGMENT_CHARS="70", **env)
+        return start_predictor(VOICE_URI=quiet_voice, MAX_SEGMENT_CHARS="70", **env)
 
     return start
 

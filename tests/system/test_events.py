@@ -278,7 +278,7 @@ def isolated_predictor(start_predictor, voice_dir, tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("local-model") / "model"
     shutil.copytree(voice_dir, model_dir)
     p = start_predictor(
-        STORAGE_URI="",
+        VOICE_URI="",
         MODEL_DIR=str(model_dir),
         # free_port closes the port on return: connections to it are refused.
         AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}",

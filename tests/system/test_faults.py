@@ -406,7 +406,7 @@ def test_server_as_uid_10001_writes_only_model_dir_and_tmp(
     marker = time.time()
     env = {
         **aws_env(s3_server),
-        "STORAGE_URI": published_voice,
+        "VOICE_URI": published_voice,
         "MODEL_DIR": str(model_dir),
         "HOME": "/tmp",  # as the manifests set it
         "CPU_THREADS": "1",

@@ -93,7 +93,7 @@ def pod() -> PodSpec:
 
 @pytest.fixture(scope="module")
 def s3(s3_server: str, voice_dir, pod: PodSpec):
-    """moto with the voice where the manifest's STORAGE_URI points and the shadow sink's bucket."""
+    """moto with the voice where the manifest's VOICE_URI points and the shadow sink's bucket."""
     from predictor.artifact.publish import publish
 
     env = aws_env(s3_server)
@@ -107,7 +107,7 @@ def s3(s3_server: str, voice_dir, pod: PodSpec):
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
             mp.setenv(key, value)
-        publish(voice_dir, pod.env["STORAGE_URI"])
+        publish(voice_dir, pod.env["VOICE_URI"])
     client.create_bucket(Bucket=pod.env["SHADOW_SINK"].removeprefix("s3://").split("/")[0])
     return client
 

@@ -109,7 +109,7 @@ def fetch_attempt_warnings(predictor) -> list[str]:
 def test_corrupted_object_keeps_model_not_ready(start_predictor, s3_server, voice_dir):
     publish_corrupt_copy(s3_server, voice_dir, "corrupt")
 
-    predictor = start_predictor(wait=False, STORAGE_URI="s3://voices/corrupt", FETCH_BACKOFF_S="0.01")
+    predictor = start_predictor(wait=False, VOICE_URI="s3://voices/corrupt", FETCH_BACKOFF_S="0.01")
 
     logs = wait_for_log(predictor, "the model stays not ready")
     predictor.wait_live()  # the fetch fails on its own thread, possibly before the server listens
@@ -128,7 +128,7 @@ def test_a_corrupt_first_attempt_then_a_good_object_is_ready_after_exactly_two_a
 ):
     client = publish_corrupt_copy(s3_server, voice_dir, "repaired")
     # The first retry waits FETCH_BACKOFF_S x 4 = 8 s +-50 % (coldstart.artifact_policy): time to put the good weights back.
-    predictor = start_predictor(wait=False, STORAGE_URI="s3://voices/repaired", FETCH_BACKOFF_S="2")
+    predictor = start_predictor(wait=False, VOICE_URI="s3://voices/repaired", FETCH_BACKOFF_S="2")
     wait_for_log(predictor, "fetch attempt 1/3 failed")
     client.upload_file(str(voice_dir / "model.safetensors"), "voices", "repaired/model.safetensors")
 
@@ -142,7 +142,7 @@ def test_a_corrupt_first_attempt_then_a_good_object_is_ready_after_exactly_two_a
 
 
 def test_missing_artifact_keeps_model_not_ready(start_predictor):
-    predictor = start_predictor(wait=False, STORAGE_URI="s3://voices/no-such-voice", FETCH_BACKOFF_S="0.01")
+    predictor = start_predictor(wait=False, VOICE_URI="s3://voices/no-such-voice", FETCH_BACKOFF_S="0.01")
 
     logs = wait_for_log(predictor, "the model stays not ready")
     predictor.wait_live()  # the fetch fails on its own thread, possibly before the server listens

@@ -352,6 +352,14 @@ MUTATIONS = [
     ),
     ("unknown kind", "knative/overlays/cpu", _kind("Broker"), _set("/kind", "Brokr"), "unknown kind"),
     (
+        # KServe takes it for the storageUri of a custom container (found by `make e2e`).
+        "storage URI under KServe's reserved env name",
+        "keda/overlays/cpu",
+        _isvc,
+        _set("/spec/predictor/containers/0/env/0/name", "STORAGE_URI"),
+        "env STORAGE_URI makes KServe inject its storage-initializer",
+    ),
+    (
         "playground on",
         "knative/overlays/gpu",
         _isvc,

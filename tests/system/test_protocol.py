@@ -14,17 +14,10 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
 from testing.audio import check_encoded, check_samples
-from testing.bodies import v1_request, v2_grpc_request, v2_request
+from testing.bodies import audio_of, v1_request, v2_grpc_request, v2_request
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
-
-
-def audio_of(body: dict, index: int = 0) -> np.ndarray:
-    outputs = {o["name"]: o for o in body["outputs"]}
-    audio = np.asarray(outputs["audio"]["data"], dtype=np.float32).reshape(outputs["audio"]["shape"])
-    length = outputs["audio_length"]["data"][index]
-    return audio[index, :length]
 
 
 def test_v2_rest_returns_the_engines_speech(predictor, reference):
