@@ -15,25 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from testing.kube import Cluster
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class Cluster:
-    kubectl_path: str
-    kubeconfig: str
-
-    def kubectl(
-        self, *args: str, input_text: str | None = None, timeout: float = 120
-    ) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [self.kubectl_path, f"--kubeconfig={self.kubeconfig}", *args],
-            input=input_text,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
 
 
 @pytest.fixture(scope="session")

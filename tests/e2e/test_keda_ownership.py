@@ -4,31 +4,15 @@ through the HorizontalPodAutoscaler it creates for the ScaledObject."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import pytest
 
+from testing.kube import eventually
 from tts_ops.kustomize import render
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = "keda/overlays/e2e"
-
-
-def _get(cluster, *args: str) -> dict | None:
-    out = cluster.kubectl("get", *args, "-o", "json")
-    return json.loads(out.stdout) if out.returncode == 0 else None
-
-
-def _eventually(what: str, probe, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(2)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +27,11 @@ def test_kserve_creates_the_deployment_and_keda_owns_its_replicas(cluster, deplo
     scaled = next(o for o in deployed if o["kind"] == "ScaledObject")
     target = scaled["spec"]["scaleTargetRef"]["name"]
 
-    deployment = _eventually(
-        f"Deployment {target}", lambda: _get(cluster, "-n", namespace, "deployment", target)
+    deployment = eventually(
+        f"Deployment {target}", lambda: cluster.get("-n", namespace, "deployment", target), 180
     )
     hpa_name = f"keda-hpa-{scaled['metadata']['name']}"
-    hpa = _eventually(f"HPA {hpa_name}", lambda: _get(cluster, "-n", namespace, "hpa", hpa_name))
+    hpa = eventually(f"HPA {hpa_name}", lambda: cluster.get("-n", namespace, "hpa", hpa_name), 180)
 
     owners = {(o["kind"], o["name"]) for o in deployment["metadata"].get("ownerReferences", [])}
     assert ("InferenceService", "tts") in owners, owners
@@ -56,10 +40,11 @@ def test_kserve_creates_the_deployment_and_keda_owns_its_replicas(cluster, deplo
     assert {(o["kind"], o["name"]) for o in hpa["metadata"]["ownerReferences"]} == {
         ("ScaledObject", scaled["metadata"]["name"])
     }
-    status = _eventually(
+    status = eventually(
         "the ScaledObject's status",
-        lambda: (_get(cluster, "-n", namespace, "scaledobject", scaled["metadata"]["name"]) or {}).get(
+        lambda: (cluster.get("-n", namespace, "scaledobject", scaled["metadata"]["name"]) or {}).get(
             "status"
         ),
+        180,
     )
     assert status["scaleTargetKind"] == "apps/v1.Deployment", status

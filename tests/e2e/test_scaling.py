@@ -1,88 +1,49 @@
-"""Tests 2, 3, 5 and 6 of `make e2e` (issue 21): the keda flavour's e2e overlay deployed with our image
+"""Tests 2 to 6 of `make e2e` (issue 21): the keda flavour's e2e overlay deployed with our image
 (`make cluster-deploy FLAVOUR=keda`), scaled 0 -> 1 by a request through the HTTP add-on's interceptor,
-the pod as shipped, and back to 0, with a streamed request surviving its pod's SIGTERM.
+1 -> N by load, the pod as shipped, and back to 0, with a streamed request surviving its pod's SIGTERM.
 
 Evidence comes from the cluster (pod status, events, the pod's own /metrics through the API server's
 pod proxy and its log); figures go to the e2e report (conftest.py)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from datetime import datetime
 from typing import Any
 
 import httpx
-import pytest
 
 from testing.audio import speech_problems
 from testing.bodies import audio_of, speech_request, v2_request
+from testing.kube import (
+    NAMESPACE,
+    Cluster,
+    at_zero,
+    condition_time,
+    eventually,
+    stable_pods,
+    timestamp,
+)
 from testing.predictor import metric_in
 
-NAMESPACE = "tts"
-STABLE = "serving.kserve.io/inferenceservice=tts"
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 INFER = "/v2/models/{model_name}/infer"
 SPEECH = "/v1/audio/speech"
 SAMPLE_RATE = 22050  # the default voice's
 
 
-def _get(cluster, *args: str) -> dict[str, Any]:
-    out = cluster.kubectl("get", *args, "-o", "json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def _pods(cluster, selector: str = STABLE) -> list[dict[str, Any]]:
-    return _get(cluster, "-n", NAMESPACE, "pods", "-l", selector)["items"]
-
-
-def _eventually(what: str, probe, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := probe():
-            return found
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _time(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def _condition_time(pod: dict[str, Any], kind: str) -> float | None:
-    for c in pod["status"].get("conditions", []):
-        if c["type"] == kind and c["status"] == "True":
-            return _time(c["lastTransitionTime"])
-    return None
-
-
-def _pod_metrics(cluster, pod: str) -> str:
-    out = cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}:8080/proxy/metrics")
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def _model_ready_line(cluster, pod: str) -> dict[str, Any]:
-    logs = cluster.kubectl("-n", NAMESPACE, "logs", pod).stdout
-    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
-    return next(line for line in lines if line.get("msg") == "model ready")
-
-
-def _at_zero(cluster) -> bool:
-    deployment = _get(cluster, "-n", NAMESPACE, "deployment", "tts-predictor")
-    return deployment["spec"].get("replicas") == 0 and not _pods(cluster)
+def _model_ready_line(cluster: Cluster, pod: str) -> dict[str, Any]:
+    return next(line for line in cluster.json_logs(NAMESPACE, pod) if line.get("msg") == "model ready")
 
 
 def test_at_rest_the_scaledobject_holds_the_predictor_at_zero(cluster, keda):
-    assert _at_zero(cluster), [p["metadata"]["name"] for p in _pods(cluster)]
-    hpa = _get(cluster, "-n", NAMESPACE, "hpa", "keda-hpa-tts-predictor")
+    assert at_zero(cluster), [p["metadata"]["name"] for p in stable_pods(cluster)]
+    hpa = cluster.get("-n", NAMESPACE, "hpa", "keda-hpa-tts-predictor")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "tts-predictor"
 
 
 def test_a_request_at_zero_wakes_one_pod_and_gets_real_speech(cluster, keda, e2e_report):
-    assert _at_zero(cluster), "not at zero before the first request"
+    assert at_zero(cluster), "not at zero before the first request"
     sent = time.time()
     response = httpx.post(
         keda.url + "/v2/models/tts/infer",
@@ -98,21 +59,21 @@ def test_a_request_at_zero_wakes_one_pod_and_gets_real_speech(cluster, keda, e2e
     assert 1.5 < seconds < 5.0, f"{seconds:.2f} s of audio for a 44-character sentence"
     assert speech_problems(audio, SAMPLE_RATE, seconds) == []
 
-    (pod,) = _pods(cluster)
+    (pod,) = stable_pods(cluster)
     name = pod["metadata"]["name"]
     started = pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
     ready_line = _model_ready_line(cluster, name)
-    exposition = _pod_metrics(cluster, name)
+    exposition = cluster.pod_metrics(NAMESPACE, name)
     # The pod's only inference was ours, answered 200: nothing reached it before it was ready (it
     # would have been refused 503, cold start) and the interceptor did not retry.
     assert metric_in(exposition, "tts_requests_total", route=INFER, code="200") == 1
     assert metric_in(exposition, "tts_request_errors_total", route=INFER, code="503") == 0
-    created = _time(pod["metadata"]["creationTimestamp"])
+    created = timestamp(pod["metadata"]["creationTimestamp"])
     timeline = {
         "pod_created_s": created - sent,
-        "scheduled_s": (_condition_time(pod, "PodScheduled") or created) - sent,
-        "container_started_s": _time(started) - sent,
-        "ready_s": (_condition_time(pod, "Ready") or answered) - sent,
+        "scheduled_s": (condition_time(pod, "PodScheduled") or created) - sent,
+        "container_started_s": timestamp(started) - sent,
+        "ready_s": (condition_time(pod, "Ready") or answered) - sent,
         "answered_s": answered - sent,
         "predictor_cold_start_s": ready_line["cold_start_s"],
         "predictor_phases_s": ready_line["phases_s"],
@@ -122,9 +83,60 @@ def test_a_request_at_zero_wakes_one_pod_and_gets_real_speech(cluster, keda, e2e
     assert timeline["pod_created_s"] <= timeline["ready_s"] + 1 <= timeline["answered_s"] + 2, timeline
 
 
+def test_load_above_one_pods_capacity_scales_out_and_every_answer_is_200_or_503_retry_after(
+    cluster, keda, e2e_report
+):
+    # Eight callers in a loop on a pod of one core: about eight times what it serves at once, and
+    # above both triggers' per-pod targets (3 in flight at the interceptor, 4 queued at the pod).
+    clients, deadline_s = 8, 150.0
+    answers: list[tuple[int, str | None]] = []
+    stop = threading.Event()
+
+    def caller() -> None:
+        with httpx.Client(timeout=120) as client:
+            while not stop.is_set():
+                response = client.post(
+                    keda.url + "/v2/models/tts/infer", headers={"Host": keda.host}, json=v2_request(SENTENCE)
+                )
+                answers.append((response.status_code, response.headers.get("retry-after")))
+
+    def ready_pods() -> list[dict[str, Any]]:
+        return [
+            p
+            for p in stable_pods(cluster)
+            if condition_time(p, "Ready") and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    started = time.time()
+    threads = [threading.Thread(target=caller) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        second = eventually(
+            "a second ready predictor pod under load", lambda: len(ready_pods()) >= 2, deadline_s
+        )
+        scaled_out = time.time() - started
+        most = max(len(ready_pods()), 2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(150)
+
+    codes = [code for code, _ in answers]
+    assert second and codes.count(200) > 0
+    assert set(codes) <= {200, 503}, sorted(set(codes))
+    assert all(retry for code, retry in answers if code == 503), "a 503 without Retry-After"
+    e2e_report["1->N"] = {
+        "clients": clients,
+        "second_pod_ready_s": scaled_out,
+        "ready_pods_seen": most,
+        "answers": {str(c): codes.count(c) for c in sorted(set(codes))},
+    }
+
+
 def test_the_pod_runs_as_shipped(cluster, keda):
     # The first test woke a pod; one is still up within the cooldown.
-    pod = _eventually("a predictor pod", lambda: next(iter(_pods(cluster)), None), 120)
+    pod = eventually("a predictor pod", lambda: next(iter(stable_pods(cluster)), None), 120)
     spec = pod["spec"]
     (container,) = [c for c in spec["containers"] if c["name"] == "kserve-container"]
     security = container["securityContext"]
@@ -153,7 +165,7 @@ def test_the_pod_runs_as_shipped(cluster, keda):
 
 def test_idle_the_predictor_returns_to_zero(cluster, keda, e2e_report):
     idle_since = time.time()
-    _eventually("zero replicas after the load", lambda: _at_zero(cluster), 300)
+    eventually("zero replicas after the load", lambda: at_zero(cluster), 300)
     e2e_report["1->0_s"] = time.time() - idle_since
 
 
@@ -179,8 +191,8 @@ def test_a_streamed_request_in_flight_when_its_pod_is_stopped_completes(cluster,
 
     caller = threading.Thread(target=stream)
     caller.start()
-    _eventually("the stream's first audio", lambda: chunks, 180)
-    (pod,) = _pods(cluster)
+    eventually("the stream's first audio", lambda: chunks, 180)
+    (pod,) = stable_pods(cluster)
     deleted = time.time()
     out = cluster.kubectl("-n", NAMESPACE, "delete", "pod", pod["metadata"]["name"], "--wait=false")
     assert out.returncode == 0, out.stderr

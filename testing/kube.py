@@ -1,0 +1,96 @@
+"""The cluster of `make cluster` as the e2e tests see it: kubectl with its kubeconfig, and the reads they
+share (objects as JSON, a namespace's pods, a pod's /metrics through the API server's pod proxy, pod
+conditions). Only 127.0.0.1 is ever addressed: the API server's loopback port."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    kubectl_path: str
+    kubeconfig: str
+
+    def kubectl(
+        self, *args: str, input_text: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [self.kubectl_path, f"--kubeconfig={self.kubeconfig}", *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def get(self, *args: str) -> dict[str, Any] | None:
+        """`kubectl get ARGS -o json`, or None where it fails (not found)."""
+        out = self.kubectl("get", *args, "-o", "json")
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        found = self.get("-n", namespace, "pods", "-l", selector)
+        assert found is not None, f"cannot list pods {selector} in {namespace}"
+        return list(found["items"])
+
+    def pod_metrics(self, namespace: str, pod: str, port: int = 8080) -> str:
+        """The pod's /metrics page, fetched by the API server (which reaches pod IPs; we do not)."""
+        out = self.kubectl("get", "--raw", f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/metrics")
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def json_logs(self, namespace: str, pod: str) -> list[dict[str, Any]]:
+        logs = self.kubectl("-n", namespace, "logs", pod).stdout
+        return [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+
+
+def eventually(what: str, probe: Callable[[], T], timeout: float, every: float = 0.5) -> T:
+    """The first truthy value of probe(), polled; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := probe():
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def timestamp(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def condition_time(obj: dict[str, Any], kind: str) -> float | None:
+    """When condition `kind` last became True (None: it is not True)."""
+    for c in obj.get("status", {}).get("conditions", []):
+        if c["type"] == kind and c["status"] == "True":
+            return timestamp(c["lastTransitionTime"])
+    return None
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return condition_time(pod, "Ready") is not None and not pod["metadata"].get("deletionTimestamp")
+
+
+# What our manifests name: the namespace, and the stable predictor's pods and Deployment (KServe names
+# the Deployment of InferenceService tts `tts-predictor` in Standard mode).
+NAMESPACE = "tts"
+STABLE = "serving.kserve.io/inferenceservice=tts"
+STABLE_DEPLOYMENT = "tts-predictor"
+
+
+def stable_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    return cluster.pods(NAMESPACE, STABLE)
+
+
+def at_zero(cluster: Cluster) -> bool:
+    """The stable predictor scaled to zero replicas, with no pod left (a terminating one counts)."""
+    deployment = cluster.get("-n", NAMESPACE, "deployment", STABLE_DEPLOYMENT) or {}
+    return deployment.get("spec", {}).get("replicas") == 0 and not stable_pods(cluster)
