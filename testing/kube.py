@@ -4,10 +4,11 @@ conditions). Only 127.0.0.1 is ever addressed: the API server's loopback port.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -94,3 +95,24 @@ def at_zero(cluster: Cluster) -> bool:
     """The stable predictor scaled to zero replicas, with no pod left (a terminating one counts)."""
     deployment = cluster.get("-n", NAMESPACE, "deployment", STABLE_DEPLOYMENT) or {}
     return deployment.get("spec", {}).get("replicas") == 0 and not stable_pods(cluster)
+
+
+@contextlib.contextmanager
+def port_forward(cluster: Cluster, namespace: str, pod: str, port: int) -> Iterator[str]:
+    """`kubectl port-forward` of the pod's `port` to a free port on 127.0.0.1; yields its URL."""
+    from testing.ports import free_port
+
+    local = free_port()
+    proc = subprocess.Popen(
+        [cluster.kubectl_path, f"--kubeconfig={cluster.kubeconfig}", "-n", namespace, "port-forward",
+         "--address", "127.0.0.1", f"pod/{pod}", f"{local}:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:N -> port" once it listens
+        assert "Forwarding from" in line, line
+        yield f"http://127.0.0.1:{local}"
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -72,5 +72,6 @@ def pytest_terminal_summary(terminalreporter) -> None:
     path = Path(os.environ.get("E2E_REPORT", node.STATE / "e2e-report.json"))
     path.write_text(json.dumps(REPORT, indent=1))
     terminalreporter.section("e2e figures")
-    terminalreporter.write_line(json.dumps(REPORT, indent=1))
+    # Traces are long: in the file only.
+    terminalreporter.write_line(json.dumps({k: v for k, v in REPORT.items() if "trace" not in k}, indent=1))
     terminalreporter.write_line(f"(written to {path})")

@@ -17,10 +17,12 @@ from testing.audio import speech_problems
 from testing.bodies import audio_of, speech_request, v2_request
 from testing.kube import (
     NAMESPACE,
+    STABLE_DEPLOYMENT,
     Cluster,
     at_zero,
     condition_time,
     eventually,
+    ready,
     stable_pods,
     timestamp,
 )
@@ -90,26 +92,35 @@ def test_load_above_one_pods_capacity_scales_out_and_every_answer_is_200_or_503_
     # above both triggers' per-pod targets (3 in flight at the interceptor, 4 queued at the pod).
     clients, deadline_s = 8, 150.0
     answers: list[tuple[int, str | None]] = []
+    sends: list[float] = []  # when each request left, for the simulator's replay (test_simulator)
+    replicas: list[tuple[float, int]] = []  # (seconds into the load, the Deployment's replicas)
     stop = threading.Event()
 
     def caller() -> None:
         with httpx.Client(timeout=120) as client:
             while not stop.is_set():
+                sends.append(time.time() - started)
                 response = client.post(
                     keda.url + "/v2/models/tts/infer", headers={"Host": keda.host}, json=v2_request(SENTENCE)
                 )
                 answers.append((response.status_code, response.headers.get("retry-after")))
 
     def ready_pods() -> list[dict[str, Any]]:
-        return [
-            p
-            for p in stable_pods(cluster)
-            if condition_time(p, "Ready") and not p["metadata"].get("deletionTimestamp")
-        ]
+        return [p for p in stable_pods(cluster) if ready(p)]
+
+    def watch_replicas() -> None:
+        # The Deployment's replica count as KEDA's HPA sets it, during the load and 15 s after.
+        after = 0
+        while after < 15:
+            deployment = cluster.get("-n", NAMESPACE, "deployment", STABLE_DEPLOYMENT) or {}
+            replicas.append((time.time() - started, int(deployment.get("spec", {}).get("replicas") or 0)))
+            after += stop.is_set()
+            time.sleep(1.0)
 
     started = time.time()
     threads = [threading.Thread(target=caller) for _ in range(clients)]
-    for t in threads:
+    watcher = threading.Thread(target=watch_replicas)
+    for t in [*threads, watcher]:
         t.start()
     try:
         second = eventually(
@@ -117,10 +128,18 @@ def test_load_above_one_pods_capacity_scales_out_and_every_answer_is_200_or_503_
         )
         scaled_out = time.time() - started
         most = max(len(ready_pods()), 2)
+        # The cold start of the pods the load started, on a node busy with the first pod and the load.
+        started_under_load = [
+            _model_ready_line(cluster, p["metadata"]["name"])["cold_start_s"]
+            for p in ready_pods()
+            if timestamp(p["metadata"]["creationTimestamp"]) >= started - 1
+        ]
     finally:
         stop.set()
         for t in threads:
             t.join(150)
+        load_s = time.time() - started
+        watcher.join(60)
 
     codes = [code for code, _ in answers]
     assert second and codes.count(200) > 0
@@ -130,8 +149,15 @@ def test_load_above_one_pods_capacity_scales_out_and_every_answer_is_200_or_503_
         "clients": clients,
         "second_pod_ready_s": scaled_out,
         "ready_pods_seen": most,
+        "max_replicas": max((n for _, n in replicas), default=0),
+        # When the HPA first asked for more than one pod (the watcher's 1 s resolution): the phase
+        # of its 15 s sync against the load, which test_simulator gives the simulator.
+        "first_scale_up_s": next((t for t, n in replicas if n > 1), None),
+        "load_s": load_s,
+        "cold_start_under_load_s": started_under_load,
         "answers": {str(c): codes.count(c) for c in sorted(set(codes))},
     }
+    e2e_report["1->N trace"] = {"t": sorted(sends), "chars": len(SENTENCE)}
 
 
 def test_the_pod_runs_as_shipped(cluster, keda):

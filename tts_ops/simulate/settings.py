@@ -68,6 +68,11 @@ KEYS: dict[str, tuple[Any, str]] = {
     "keda.kafka.activation": (0.0, "kafka trigger activationLagThreshold"),
     "keda.events_fraction": (0.0, "share of requests arriving as CloudEvents through Kafka, 0..1"),
     "hpa.sync_s": (15.0, "s, --horizontal-pod-autoscaler-sync-period"),
+    "hpa.first_sync_s": (
+        15.0,
+        "s, the HPA's first sync after the trace starts: its phase is set by when kube-controller-manager "
+        "started, so a replay of a measured run gives the phase that run had; default one period",
+    ),
     "hpa.tolerance": (0.1, "--horizontal-pod-autoscaler-tolerance"),
     "hpa.scale_up.window_s": (0.0, "s, behavior.scaleUp.stabilizationWindowSeconds"),
     "hpa.scale_up.policies": ("Pods:4:15,Percent:100:15", "behavior.scaleUp.policies TYPE:VALUE:PERIOD,..."),

@@ -54,6 +54,11 @@ class Result:
             return round(done[min(len(done) - 1, max(0, math.ceil(q * len(done)) - 1))], 4)
 
         first = self.latencies[0] if self.latencies else None
+        # From the first arrival to the first sample with two pods ready (the timeline's resolution).
+        second = next(
+            (t for t, ready in zip(self.timeline.t, self.timeline.ready, strict=True) if ready >= 2), None
+        )
+        second_s = round(second - self.arrivals[0], 2) if second is not None and self.arrivals else None
         return {
             "flavour": self.flavour,
             "requests": len(self.latencies),
@@ -68,6 +73,7 @@ class Result:
             "timed_out": self.timed_out,
             "replica_seconds": round(self.replica_seconds, 1),
             "max_replicas": self.max_replicas,
+            "second_replica_ready_s": second_s,
             "pod_starts": self.pod_starts,
             "simulated_s": round(self.duration_s, 1),
         }
@@ -293,7 +299,7 @@ class Simulation:
             self.tick_s = v["keda.polling_interval_s"]
             self.queue_depth: float | None = None
             self._push(0.0, _SCRAPE)
-            self._push(v["hpa.sync_s"], _HPA)
+            self._push(v["hpa.first_sync_s"], _HPA)
         self._push(0.0, _TICK)
         self._scale_to(v["replicas.start"])
         for pod in self.pods:  # already running when the trace starts
