@@ -13,8 +13,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
+from testing.bodies import v2_request
 from testing.kube import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +38,15 @@ def cluster() -> Cluster:
 class Flavour:
     url: str  # http://127.0.0.1:<port>, the flavour's 0 -> 1 path
     host: str  # the Host header that path routes on
+
+    def infer(self, *texts: str, timeout: float = 180) -> httpx.Response:
+        """A v2 REST inference request through the flavour's path, one connection of its own."""
+        return httpx.post(
+            self.url + "/v2/models/tts/infer",
+            headers={"Host": self.host},
+            json=v2_request(*texts),
+            timeout=timeout,
+        )
 
 
 def _deploy(flavour: str) -> dict[str, str]:

@@ -47,12 +47,7 @@ def test_at_rest_the_scaledobject_holds_the_predictor_at_zero(cluster, keda):
 def test_a_request_at_zero_wakes_one_pod_and_gets_real_speech(cluster, keda, e2e_report):
     assert at_zero(cluster), "not at zero before the first request"
     sent = time.time()
-    response = httpx.post(
-        keda.url + "/v2/models/tts/infer",
-        headers={"Host": keda.host},
-        json=v2_request(SENTENCE),
-        timeout=180,
-    )
+    response = keda.infer(SENTENCE, timeout=180)
     answered = time.time()
 
     assert response.status_code == 200, response.text[:500]

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from testing.audio import speech_problems
-from testing.bodies import audio_of, v2_request
+from testing.bodies import audio_of
 from testing.kube import NAMESPACE, at_zero, eventually, ready, stable_pods
 from testing.predictor import metric_in
 
@@ -43,12 +43,7 @@ def test_a_pod_killed_mid_request_gives_its_caller_an_error_never_a_truncated_20
 
     def call() -> None:
         try:
-            response = httpx.post(
-                keda.url + "/v2/models/tts/infer",
-                headers={"Host": keda.host},
-                json=v2_request(text),
-                timeout=180,
-            )
+            response = keda.infer(text, timeout=180)
             result["status"] = response.status_code
             result["body"] = response.content
         except httpx.HTTPError as exc:
@@ -84,12 +79,7 @@ def test_a_cold_start_with_the_voice_store_stopped_stays_not_ready_and_then_serv
     os.kill(store, signal.SIGSTOP)
     try:
         sent = time.time()
-        response = httpx.post(
-            keda.url + "/v2/models/tts/infer",
-            headers={"Host": keda.host},
-            json=v2_request(SENTENCE),
-            timeout=300,
-        )
+        response = keda.infer(SENTENCE, timeout=300)
         waited = time.time() - sent
         pods = stable_pods(cluster)
     finally:
@@ -109,9 +99,7 @@ def test_a_cold_start_with_the_voice_store_stopped_stays_not_ready_and_then_serv
         ),
         180,
     )
-    again = httpx.post(
-        keda.url + "/v2/models/tts/infer", headers={"Host": keda.host}, json=v2_request(SENTENCE), timeout=180
-    )
+    again = keda.infer(SENTENCE, timeout=180)
     assert again.status_code == 200, again.text[:300]
     audio = audio_of(again.json())
     assert speech_problems(audio, SAMPLE_RATE, len(audio) / SAMPLE_RATE) == []
