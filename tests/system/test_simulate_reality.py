@@ -77,9 +77,14 @@ def test_first_request_from_zero_is_predicted_within_25_percent(start_predictor)
     finally:
         holder.server.shutdown()
     flavour, values = settings.from_manifests(settings.Path("knative/overlays/cpu"))
-    values = settings.apply_overrides(
-        values, ["pod.schedule_s=0", "pod.image_pull_s=0", f"pod.readiness_period_s={POLL_S}"]
-    )
+    # The holder is the only probe here: it polls readiness every POLL_S, with no startup probe.
+    overrides = [
+        "pod.schedule_s=0",
+        "pod.image_pull_s=0",
+        f"pod.readiness_period_s={POLL_S}",
+        "pod.startup_period_s=0",
+    ]
+    values = settings.apply_overrides(values, overrides)
     traffic = trace.Trace([0.0], [len(TEXT)], "one request at zero")
     predicted = simulator.simulate(flavour, values, prof, traffic).summary()["first_request_latency_s"]
     print(f"first request from zero: measured {measured:.2f} s, predicted {predicted:.2f} s")

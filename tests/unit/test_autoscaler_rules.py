@@ -1,6 +1,7 @@
 """Rules of our autoscaler models that upstream's ported tables leave unproven: the HPA's tolerance
 band (every upstream tolerance case gives the same count with or without it) and KEDA's executor
-(activation from zero, cooldown, initial cooldown, minReplicaCount above zero).
+(activation from zero, cooldown, initial cooldown, minReplicaCount above zero) and the kubelet probes
+that end a pod's start.
 
 Each tolerance case is checked twice: inside the band the count stays, and the same inputs with no
 tolerance change it, so the case fails if the model loses its tolerance.
@@ -8,9 +9,13 @@ tolerance change it, so the case fails if the model loses its tolerance.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tts_ops.simulate import hpa, keda
+from tts_ops.simulate import hpa, keda, pods, settings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # (name, usage, target per pod, current, want with the default 0.1 tolerance, want with none)
 PER_POD = [
@@ -110,3 +115,23 @@ def test_min_replicas_above_zero_leaves_scale_down_to_the_hpa_and_refills_below_
     assert executor.decide(10_000, False, 5) is None  # long past the cooldown: the HPA scales down
     assert executor.decide(10_000, False, 2) is None
     assert executor.decide(10_000, False, 1) == 2
+
+
+# --- pod start (kubelet probes) -------------------------------------------------------------------
+def test_a_pod_is_ready_at_the_startup_probes_first_pass_then_the_readiness_probes_next_tick():
+    # The local cluster's finding: with the startup probe every 10 s, a 2.6 s cold start waited for
+    # the probe at 10 s (docs/cluster.md).
+    every_10 = pods.PodTiming(1.0, 0.0, 2.6, readiness_period_s=1.0, startup_period_s=10.0)
+    every_1 = pods.PodTiming(1.0, 0.0, 2.6, readiness_period_s=1.0, startup_period_s=1.0)
+    no_startup_probe = pods.PodTiming(1.0, 0.0, 2.6, readiness_period_s=5.0)
+
+    assert every_10.ready_after() == pytest.approx(1.0 + 10.0)
+    assert every_1.ready_after() == pytest.approx(1.0 + 3.0)
+    assert no_startup_probe.ready_after() == pytest.approx(1.0 + 5.0)
+
+
+def test_the_manifests_startup_probe_period_reaches_the_simulator():
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "cpu")
+
+    assert values["pod.startup_period_s"] == 1.0
+    assert values["pod.readiness_period_s"] == 1.0

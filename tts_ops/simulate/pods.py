@@ -1,4 +1,5 @@
-"""Pods: start (schedule, image pull, the profile's cold start, the first passing readiness probe),
+"""Pods: start (schedule, image pull, the profile's cold start, the first passing startup and readiness
+probes),
 serve one synthesis at a time from their own FIFO queue, and drain on scale-down."""
 
 from __future__ import annotations
@@ -8,22 +9,26 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
+def _next_probe(t: float, period: float) -> float:
+    """The first tick of a probe run every `period` seconds from container start at or after t."""
+    return math.ceil(t / period - 1e-9) * period if period > 0 else t
+
+
 @dataclass
 class PodTiming:
     schedule_s: float
     image_pull_s: float
     cold_start_s: float
     readiness_period_s: float
+    startup_period_s: float = 0.0  # 0: no startup probe
 
     def ready_after(self) -> float:
         """Seconds from creation to Ready: the container starts after scheduling and the pull, the
-        process is ready cold_start_s later, and the kubelet sees it at its next probe (probes every
-        period from container start)."""
-        start = self.schedule_s + self.image_pull_s
-        period = self.readiness_period_s
-        return start + (
-            math.ceil(self.cold_start_s / period - 1e-9) * period if period > 0 else self.cold_start_s
-        )
+        process is ready cold_start_s later; the startup probe, if any, passes at its next tick, and
+        the kubelet marks the pod Ready at the readiness probe's next tick after that (both probes
+        run every period from container start; readiness is not probed until startup has passed)."""
+        started = _next_probe(self.cold_start_s, self.startup_period_s)
+        return self.schedule_s + self.image_pull_s + _next_probe(started, self.readiness_period_s)
 
 
 @dataclass

@@ -21,6 +21,7 @@ KEYS: dict[str, tuple[Any, str]] = {
     "pod.schedule_s": (1.0, "s, pod created -> bound and container created (scheduler + kubelet); assumed"),
     "pod.image_pull_s": (0.0, "s, image pull; 0 = image already on the node (IfNotPresent, warm pool)"),
     "pod.readiness_period_s": (1.0, "s, readinessProbe.periodSeconds"),
+    "pod.startup_period_s": (0.0, "s, startupProbe.periodSeconds (0 = no startup probe)"),
     "pod.max_queue": (32, "requests waiting per pod before 503 (MAX_QUEUE)"),
     "pod.request_timeout_s": (30.0, "s, REQUEST_TIMEOUT_S: still queued at the pod after this -> 503"),
     "replicas.min": (0, "minReplicas / minReplicaCount"),
@@ -182,6 +183,11 @@ def _read_predictor(isvc: dict, values: dict[str, Any]) -> None:
     probe = container.get("readinessProbe", {})
     if "periodSeconds" in probe:
         values["pod.readiness_period_s"] = float(probe["periodSeconds"])
+    # A cold start ends at the startup probe's first pass: at 10 s a period added up to 10 s to every
+    # start from zero on the local cluster (docs/cluster.md).
+    startup = container.get("startupProbe")
+    if startup is not None:
+        values["pod.startup_period_s"] = float(startup.get("periodSeconds", 10))
 
 
 def _read_knative(isvc: dict, values: dict[str, Any], where: Path) -> None:

@@ -87,6 +87,7 @@ class Simulation:
             values["pod.image_pull_s"],
             profile.cold_start_s,
             values["pod.readiness_period_s"],
+            values["pod.startup_period_s"],
         )
         n = len(trace)
         self.latency: list[float | None] = [None] * n
