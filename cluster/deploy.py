@@ -42,13 +42,8 @@ DISCOVERY_REFRESH = "5s"
 # Host ports on 127.0.0.1 (the only way in): the interceptor's proxy and the voice store.
 INTERCEPTOR_HOST_PORT = int(os.environ.get("CLUSTER_HTTP_PORT", "16080"))
 S3_HOST_PORT = int(os.environ.get("CLUSTER_S3_PORT", "16900"))
-VOICE_URI = "s3://voices/en_US-joe-medium"  # deploy/common/predictor's VOICE_URI
 # Buckets the manifests write to (shadow records, event outputs); moto starts empty.
 BUCKETS = ("voices", "tts-shadow", "tts-events")
-
-
-def _python() -> str:
-    return sys.executable
 
 
 def _ours(record: node.Record, name: str) -> None:
@@ -72,12 +67,11 @@ def _listening(port: int) -> bool:
 
 def forward(record: node.Record, name: str, host_port: int, target: str) -> None:
     """127.0.0.1:host_port -> target inside the node (cluster.loopback), once."""
-    pid = record.data["pids"].get(name)
-    if pid and node.alive(pid) and _listening(host_port):
+    if _started(record, name) and _listening(host_port):
         return
     _ours(record, name)
     proc = subprocess.Popen(
-        [_python(), "-m", "cluster.loopback", f"/run/netns/{node.NETNS}", f"{host_port}:{target}"],
+        [sys.executable, "-m", "cluster.loopback", f"/run/netns/{node.NETNS}", f"{host_port}:{target}"],
         cwd=ROOT,
         stdout=(node.STATE / "logs" / f"{name}.log").open("a"),
         stderr=subprocess.STDOUT,
@@ -105,7 +99,7 @@ def _podman_image_id(name: str) -> str:
 def import_image(record: node.Record) -> str:
     """`make image` as IMAGE, imported into containerd unless that very build is there already."""
     node.log(f"building {IMAGE} (make image)")
-    subprocess.run([_python(), "-m", "tts_ops.image", "build", "--tag", IMAGE], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "tts_ops.image", "build", "--tag", IMAGE], cwd=ROOT, check=True)
     image_id = _podman_image_id(IMAGE)
     listed = node.ctr("images", "ls", "-q").stdout.split()
     if record.data.get("predictor_image") == image_id and IMAGE in listed:
@@ -140,7 +134,7 @@ def start_voice_store(record: node.Record) -> None:
         start(
             record,
             "voice-store",
-            [*env, _python(), "-m", "moto.server", "-H", node.NODE_IP, "-p", str(S3_PORT)],
+            [*env, sys.executable, "-m", "moto.server", "-H", node.NODE_IP, "-p", str(S3_PORT)],
         )
         node.wait_for(
             "the voice store (moto)",
@@ -154,13 +148,13 @@ def start_voice_store(record: node.Record) -> None:
     )
     forward(record, "voice-store-loopback", S3_HOST_PORT, f"{node.NODE_IP}:{S3_PORT}")
     endpoint = f"http://127.0.0.1:{S3_HOST_PORT}"
-    from testing.s3 import aws_env, build_voice, publish_voice, s3_client
+    from testing.s3 import VOICE_URI, aws_env, build_voice, publish_voice, s3_client
 
     os.environ.update(aws_env(endpoint))
     client = s3_client(endpoint)
-    for bucket in BUCKETS:
-        if bucket not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
-            client.create_bucket(Bucket=bucket)
+    have = {b["Name"] for b in client.list_buckets()["Buckets"]}
+    for bucket in set(BUCKETS) - have:
+        client.create_bucket(Bucket=bucket)
     published = client.list_objects_v2(Bucket="voices", Prefix=VOICE_URI.removeprefix("s3://voices/") + "/")
     if not published.get("KeyCount"):
         publish_voice(build_voice(node.STATE / "voice"), VOICE_URI, endpoint)
@@ -240,7 +234,14 @@ def start_prometheus(record: node.Record, objects: list[dict[str, Any]]) -> None
         start(
             record,
             "pod-discovery",
-            [_python(), "-m", "cluster.pod_discovery", str(node.kubectl_path()), str(kubeconfig), DISCOVERY],
+            [
+                sys.executable,
+                "-m",
+                "cluster.pod_discovery",
+                str(node.kubectl_path()),
+                str(kubeconfig),
+                DISCOVERY,
+            ],
         )
     path = node.STATE / "prometheus.yml"
     text = json.dumps(config, indent=1)  # YAML is a superset of JSON
@@ -280,39 +281,24 @@ def start_prometheus(record: node.Record, objects: list[dict[str, Any]]) -> None
 # --- the flavour ---------------------------------------------------------------------------------
 
 
-def _get(*args: str) -> dict[str, Any] | None:
-    out = node.kubectl("get", *args, "-o", "json", check=False)
-    return json.loads(out.stdout) if out.returncode == 0 else None
-
-
-def _condition(obj: dict[str, Any] | None, kind: str) -> str:
-    for c in (obj or {}).get("status", {}).get("conditions", []):
-        if c.get("type") == kind:
-            return str(c.get("status"))
-    return ""
-
-
 def wait_keda_at_rest(record: node.Record, objects: list[dict[str, Any]]) -> None:
     """The stable predictor's Deployment, owned by the ScaledObject, at zero; the canary ready."""
+    from testing.kube import Cluster, at_zero, condition_true
+
+    cluster = Cluster(str(node.kubectl_path()), str(node.admin_kubeconfig()))
     scaled = next(o for o in objects if o["kind"] == "ScaledObject")
     name, target = scaled["metadata"]["name"], scaled["spec"]["scaleTargetRef"]["name"]
     node.wait_for(
         f"ScaledObject {name} Ready",
-        lambda: _condition(_get("-n", NAMESPACE, "scaledobject", name), "Ready") == "True",
+        lambda: condition_true(cluster.get("-n", NAMESPACE, "scaledobject", name) or {}, "Ready"),
         180,
     )
     node.wait_for(
-        f"Deployment {target}", lambda: _get("-n", NAMESPACE, "deployment", target) is not None, 180
+        f"Deployment {target}", lambda: cluster.get("-n", NAMESPACE, "deployment", target) is not None, 180
     )
     # The canary is always on (one pod): its readiness proves image, voice store and probes.
     node.wait_rollout(NAMESPACE, "deployment/tts-canary-predictor", 300)
-
-    def at_zero() -> bool:
-        deployment = _get("-n", NAMESPACE, "deployment", target) or {}
-        pods = _get("-n", NAMESPACE, "pods", "-l", "serving.kserve.io/inferenceservice=tts") or {}
-        return deployment.get("spec", {}).get("replicas") == 0 and not pods.get("items")
-
-    node.wait_for(f"Deployment {target} at zero replicas", at_zero, 240)
+    node.wait_for(f"Deployment {target} at zero replicas", lambda: at_zero(cluster), 240)
 
 
 def deploy(flavour: str) -> int:

@@ -53,6 +53,11 @@ class Cluster:
         logs = self.kubectl("-n", namespace, "logs", pod).stdout
         return [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
 
+    def model_ready(self, namespace: str, pod: str) -> dict[str, Any]:
+        """The predictor's "model ready" log line (its cold start and phases) in the pod's log."""
+        (line,) = [line for line in self.json_logs(namespace, pod) if line.get("msg") == "model ready"]
+        return line
+
 
 def eventually(what: str, probe: Callable[[], T], timeout: float, every: float = 0.5) -> T:
     """The first truthy value of probe(), polled; AssertionError naming `what` after `timeout` seconds."""
@@ -66,6 +71,13 @@ def eventually(what: str, probe: Callable[[], T], timeout: float, every: float =
 
 def timestamp(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def condition_true(obj: dict[str, Any], kind: str) -> bool:
+    """Condition `kind` is True (KEDA's conditions carry no lastTransitionTime)."""
+    return any(
+        c["type"] == kind and c["status"] == "True" for c in obj.get("status", {}).get("conditions", [])
+    )
 
 
 def condition_time(obj: dict[str, Any], kind: str) -> float | None:

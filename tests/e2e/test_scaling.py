@@ -18,7 +18,6 @@ from testing.bodies import audio_of, speech_request, v2_request
 from testing.kube import (
     NAMESPACE,
     STABLE_DEPLOYMENT,
-    Cluster,
     at_zero,
     condition_time,
     eventually,
@@ -32,10 +31,6 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 INFER = "/v2/models/{model_name}/infer"
 SPEECH = "/v1/audio/speech"
 SAMPLE_RATE = 22050  # the default voice's
-
-
-def _model_ready_line(cluster: Cluster, pod: str) -> dict[str, Any]:
-    return next(line for line in cluster.json_logs(NAMESPACE, pod) if line.get("msg") == "model ready")
 
 
 def test_at_rest_the_scaledobject_holds_the_predictor_at_zero(cluster, keda):
@@ -59,7 +54,7 @@ def test_a_request_at_zero_wakes_one_pod_and_gets_real_speech(cluster, keda, e2e
     (pod,) = stable_pods(cluster)
     name = pod["metadata"]["name"]
     started = pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
-    ready_line = _model_ready_line(cluster, name)
+    ready_line = cluster.model_ready(NAMESPACE, name)
     exposition = cluster.pod_metrics(NAMESPACE, name)
     # The pod's only inference was ours, answered 200: nothing reached it before it was ready (it
     # would have been refused 503, cold start) and the interceptor did not retry.
@@ -125,7 +120,7 @@ def test_load_above_one_pods_capacity_scales_out_and_every_answer_is_200_or_503_
         most = max(len(ready_pods()), 2)
         # The cold start of the pods the load started, on a node busy with the first pod and the load.
         started_under_load = [
-            _model_ready_line(cluster, p["metadata"]["name"])["cold_start_s"]
+            cluster.model_ready(NAMESPACE, p["metadata"]["name"])["cold_start_s"]
             for p in ready_pods()
             if timestamp(p["metadata"]["creationTimestamp"]) >= started - 1
         ]

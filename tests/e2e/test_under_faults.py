@@ -106,10 +106,6 @@ def test_a_cold_start_with_the_voice_store_stopped_stays_not_ready_and_then_serv
     # The fault reached the cold start: the fetch was held for as long as the store was stopped
     # (botocore waits out S3_READ_TIMEOUT_S and retries; a failed fetch is retried after
     # FETCH_RECOVERY_S), and the voice it then loaded was verified whole.
-    (line,) = [
-        line
-        for line in cluster.json_logs(NAMESPACE, pod["metadata"]["name"])
-        if line.get("msg") == "model ready"
-    ]
+    line = cluster.model_ready(NAMESPACE, pod["metadata"]["name"])
     assert line["phases_s"]["fetch"] > 0.9 * waited, line
     e2e_report["voice_store_stopped"]["fetch_s"] = line["phases_s"]["fetch"]
