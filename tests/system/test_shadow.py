@@ -1,6 +1,8 @@
 """Shadow traffic through real components: the S3 sink against moto, request ids and the revision
 on a real predictor's responses, its directory, stdout and S3 sinks (batches, and the tail on
-SIGTERM), then nginx mirroring real requests to a stable and three canaries judged by `tts-ops compare`.
+SIGTERM), then a real Envoy, programmed as Istio would be for our VirtualService (tts_ops.mirroring),
+mirroring real requests to a stable and three canaries judged by `tts-ops compare`, and mirroring the
+shipped share of them.
 
 The fingerprint, the recorder in-process and compare on synthetic files: tests/unit/test_shadow_records.py.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
+import math
 import re
 import subprocess
 import threading
@@ -27,18 +29,17 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as grpc_predict_v2_pb2_grpc
 
-from bench import nginx
 from predictor.audio import fingerprint
 from predictor.observability import metrics
 from predictor.shadow import recorder as recording
+from testing import envoy
 from testing.bodies import v1_request, v2_grpc_request, v2_request
-from testing.polling import answers, wait_until
+from testing.polling import wait_until
 from testing.ports import free_port
 from testing.predictor import run_cli
-from testing.process import Child
 from testing.s3 import aws_env, s3_client
 from testing.s3_relay import S3Relay
-from tts_ops import compare
+from tts_ops import compare, manifests, mirroring
 
 SHADOW_BUCKET = "shadow-sink-retries"
 
@@ -329,13 +330,13 @@ def test_s3_sink_writes_batches_and_the_tail_on_sigterm(start_predictor, s3_serv
     assert dropped == 0
 
 
-# --- end to end: nginx mirroring to three canaries -------------------------------------------
+# --- end to end: Envoy mirroring to three canaries --------------------------------------------
 class SlowProxy:
     """TCP proxy that forwards each request's headers at once and its body `delay_s` later.
 
     The predictor's clock starts when the headers arrive, so the delay lands in the latency the
-    canary records, as a canary slow to answer would; nginx opens one upstream connection per
-    mirrored request (HTTP/1.0, no keepalive), so every request is delayed.
+    canary records, as a canary slow to answer would. It delays the first request of a connection
+    only, so Envoy is told to open one connection per request to it (`one_request_per_connection`).
     """
 
     def __init__(self, upstream_port: int, delay_s: float):
@@ -378,6 +379,23 @@ class SlowProxy:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def one_request_per_connection(config: dict, cluster: str) -> None:
+    """Envoy closes its upstream connection to ``cluster`` after each request (SlowProxy needs it)."""
+    (found,) = [c for c in config["static_resources"]["clusters"] if c["name"] == cluster]
+    found["typed_extension_protocol_options"] = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "common_http_protocol_options": {"max_requests_per_connection": 1},
+            "explicit_http_config": {"http_protocol_options": {}},
+        }
+    }
+
+
+def shipped_virtual_service(overlay: str = "knative/overlays/cpu") -> dict:
+    (found,) = [o for o in manifests.render_all()[overlay] if o["kind"] == "VirtualService"]
+    return found
+
+
 MIRROR_TEXTS = [
     "The canary should sound like stable.",
     "Short one.",
@@ -388,19 +406,27 @@ MIRROR_TEXTS = [
 N_MIRRORED = 20
 SLOW_S = 3.0
 SYNTH_ROUTES = ("/v2/models/{model_name}/infer", "/v1/models/{model_name}:predict")
-# Four predictors and nginx share CI's two CPUs, so stable's and an identical canary's latencies
+# Four predictors and Envoy share CI's two CPUs, so stable's and an identical canary's latencies
 # differ by chance far more than in a real cluster; a 3 s delay still clears these by far.
 LOOSE_LATENCY = ("--max-p50-increase", "1.0", "--max-p99-increase", "3.0")
+CANARIES = ("same", "slower-speech", "slow")
+
+
+def synth_requests(p) -> float:
+    return sum(p.metric("tts_requests_total", route=r, code="200") for r in SYNTH_ROUTES)
 
 
 @pytest.fixture(scope="module")
 def mirrored(start_predictor, s3_server, tmp_path_factory):
-    """N requests through nginx to stable, mirrored to an identical canary, one speaking slower
-    (DEFAULT_LENGTH_SCALE) and one behind a slow link; every predictor stopped, records flushed."""
+    """N requests through Envoy to stable, mirrored to an identical canary, one speaking slower
+    (DEFAULT_LENGTH_SCALE) and one behind a slow link; every predictor stopped, records flushed.
+
+    The route is the shipped VirtualService's, patched as a test environment would patch it: its one
+    10 % mirror replaced by `mirrors:`, the three canaries at 100 % each."""
     client = s3_client(s3_server)
     client.create_bucket(Bucket="shadow-e2e")
     run = uuid.uuid4().hex[:8]
-    uris = {name: f"s3://shadow-e2e/{run}/{name}" for name in ("stable", "same", "slower-speech", "slow")}
+    uris = {name: f"s3://shadow-e2e/{run}/{name}" for name in ("stable", *CANARIES)}
     extra = {"slower-speech": {"DEFAULT_LENGTH_SCALE": "1.3"}}
     predictors = {
         name: start_predictor(
@@ -411,42 +437,46 @@ def mirrored(start_predictor, s3_server, tmp_path_factory):
     for p in predictors.values():
         p.wait_ready()
     proxy = SlowProxy(predictors["slow"].http_port, SLOW_S)
-    prefix = tmp_path_factory.mktemp("nginx")
+    service = shipped_virtual_service()
+    rule = service["spec"]["http"][0]
+    del rule["mirror"], rule["mirrorPercentage"]
+    hosts = {name: f"tts-canary-{name}.tts.svc.cluster.local" for name in CANARIES}
+    rule["mirrors"] = [
+        {"destination": {"host": host, "port": {"number": 80}}, "percentage": {"value": 100.0}}
+        for host in hosts.values()
+    ]
+    upstreams = {
+        mirroring.route_destination(service).host: predictors["stable"].url,
+        hosts["same"]: predictors["same"].url,
+        hosts["slower-speech"]: predictors["slower-speech"].url,
+        hosts["slow"]: proxy.url,
+    }
     port = free_port()
-    mirrors = [predictors["same"].url, predictors["slower-speech"].url, proxy.url]
-    conf = nginx.write_conf(prefix, nginx.mirror_conf(port, predictors["stable"].url, mirrors))
-    proxy_log = prefix / "nginx.log"
-    mirror = Child("nginx", nginx.argv(nginx.ensure_nginx(), prefix, conf), os.environ, proxy_log)
+    config = mirroring.bootstrap(service, upstreams, port, free_port())
+    one_request_per_connection(config, mirroring.Destination(hosts["slow"], 80).cluster)
     base = f"http://127.0.0.1:{port}"
     try:
-        mirror.wait_for(lambda: answers(base + "/v2/health/live"), 20, "proxying", 0.1)
-        sent, answered = [], []
-        for i in range(N_MIRRORED):
-            text = MIRROR_TEXTS[i % len(MIRROR_TEXTS)]
-            # A seed makes both revisions' noise the same, so an identical canary's audio is identical.
-            if i % 2:
-                path, body = "/v2/models/tts/infer", v2_request(text, seed=i)
-            else:
-                path, body = "/v1/models/tts:predict", v1_request(text, seed=i)
-            headers = {"X-Request-Id": f"client-{run}-{i}"} if i % 3 == 0 else {}
-            r = httpx.post(base + path, json=body, headers=headers, timeout=120)  # a fresh connection each
-            assert r.status_code == 200, r.text
-            sent.append(headers.get("X-Request-Id"))
-            answered.append(r.headers["x-request-id"])
-        # Mirrored requests finish after the client's answers; wait for each canary to have all of them.
-        for name in ("same", "slower-speech", "slow"):
-            p = predictors[name]
-            p.wait_for(
-                lambda p=p: (
-                    sum(p.metric("tts_requests_total", route=r, code="200") for r in SYNTH_ROUTES)
-                    >= N_MIRRORED
-                ),
-                60,
-                "every mirrored request answered",
-                0.2,
-            )
+        with envoy.running(config, tmp_path_factory.mktemp("envoy")):
+            sent, answered = [], []
+            for i in range(N_MIRRORED):
+                text = MIRROR_TEXTS[i % len(MIRROR_TEXTS)]
+                # A seed makes both revisions' noise the same, so an identical canary's audio is identical.
+                if i % 2:
+                    path, body = "/v2/models/tts/infer", v2_request(text, seed=i)
+                else:
+                    path, body = "/v1/models/tts:predict", v1_request(text, seed=i)
+                headers = {"X-Request-Id": f"client-{run}-{i}"} if i % 3 == 0 else {}
+                r = httpx.post(base + path, json=body, headers=headers, timeout=120)
+                assert r.status_code == 200, r.text
+                sent.append(headers.get("X-Request-Id"))
+                answered.append(r.headers["x-request-id"])
+            # Mirrored requests finish after the client's answers; wait for each canary to have all of them.
+            for name in CANARIES:
+                p = predictors[name]
+                p.wait_for(
+                    lambda p=p: synth_requests(p) >= N_MIRRORED, 60, "every mirrored request answered", 0.2
+                )
     finally:
-        mirror.stop(10)
         proxy.close()
         codes = {name: p.stop() for name, p in predictors.items()}
     assert codes == dict.fromkeys(uris, 0)
@@ -458,7 +488,7 @@ def test_request_ids_propagate_through_the_mirror_to_every_predictor(mirrored, s
 
     given = [(s, a) for s, a in zip(mirrored["sent"], mirrored["answered"], strict=True) if s]
     assert given and all(s == a for s, a in given), "the client's own ids come back"
-    assert len(set(mirrored["answered"])) == N_MIRRORED, "nginx generated a distinct id for the rest"
+    assert len(set(mirrored["answered"])) == N_MIRRORED, "Envoy generated a distinct id for the rest"
     assert all(got == sorted(mirrored["answered"]) for got in ids.values()), ids
 
 
@@ -503,3 +533,46 @@ def test_canary_with_injected_latency_fails_naming_latency(mirrored, tmp_path):
     assert "latency p50" in reasons
     assert "duration" not in reasons and "spectral" not in reasons
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+N_SHARE = 240
+
+
+def binomial_range(n: int, p: float, tail: float = 1e-4) -> tuple[int, int]:
+    """The counts k with P(X < k) >= tail and P(X > k) >= tail for X ~ Binomial(n, p)."""
+    pmf = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
+    low = next(k for k in range(n + 1) if sum(pmf[: k + 1]) >= tail)
+    high = next(k for k in range(n, -1, -1) if sum(pmf[k:]) >= tail)
+    return low, high
+
+
+def test_envoy_mirrors_the_shipped_share_of_requests_to_the_canary(start_predictor, tmp_path):
+    # The shipped rule unchanged: Envoy samples each request independently, so the canary's count is
+    # binomial. A share translated per hundred instead of per million (or not at all) lands far outside.
+    service = shipped_virtual_service()
+    (mirror,) = mirroring.mirrors(service)
+    stable, canary = start_predictor(wait=False, ENGINE="auto"), start_predictor(wait=False, ENGINE="auto")
+    stable.wait_ready()
+    canary.wait_ready()
+    upstreams = {mirroring.route_destination(service).host: stable.url, mirror.destination.host: canary.url}
+    port = free_port()
+    with envoy.running(
+        mirroring.bootstrap(service, upstreams, port, free_port()), tmp_path / "envoy"
+    ) as admin:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            codes = [
+                client.post("/v2/models/tts/infer", json=v2_request("Hi.")).status_code
+                for _ in range(N_SHARE)
+            ]
+        assert codes == [200] * N_SHARE
+        # Mirrors are fire-and-forget: the last ones may still be running when stable has answered.
+        stat = f"cluster.{mirror.destination.cluster}.upstream_rq_"
+        canary.wait_for(
+            lambda: envoy.stats(admin)[stat + "active"] == 0, 30, "no mirrored request in flight", 0.2
+        )
+        copies = envoy.stats(admin)[stat + "completed"]
+
+    low, high = binomial_range(N_SHARE, mirror.percent / 100)
+    assert synth_requests(stable) == N_SHARE
+    assert synth_requests(canary) == copies, "every mirrored request reached the canary and was answered"
+    assert low <= copies <= high, (copies, (low, high), mirror.percent)

@@ -32,7 +32,8 @@ FLOORS: dict[str, list[set[str]]] = {
     OPS: [
         # Our kustomize tree rendered; the HTML page that compare's and simulate's reports share.
         {"kustomize", "report_page"},
-        {"compare", "simulate", "manifests", "image"},
+        # mirroring: Istio's Envoy route for our VirtualService (the shadow tests' data plane).
+        {"compare", "simulate", "manifests", "image", "mirroring"},
         # Pods of the image run with the manifests' settings.
         {"podrun"},
         {"cli", "__main__"},

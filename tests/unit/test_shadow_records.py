@@ -1,7 +1,7 @@
 """Shadow records in one process: the fingerprint, the recorder's batching and its full queue, the
 revision's sources, and `tts-ops compare` on synthetic record files (verdicts and exit codes).
 
-The sinks, a real predictor's records and nginx mirroring are in tests/system/test_shadow.py.
+The sinks, a real predictor's records and Envoy mirroring are in tests/system/test_shadow.py.
 """
 
 from __future__ import annotations
