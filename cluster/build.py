@@ -20,7 +20,16 @@ from cluster import pins
 
 # Kubernetes reports what these variables hold (`kubectl version`, /version); Knative refuses v0.0.0.
 VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
-ORDER = ("kubernetes", "coredns", "kserve", "keda", "http-add-on")
+ORDER = (
+    "kubernetes",
+    "coredns",
+    "kserve",
+    "keda",
+    "http-add-on",
+    "knative-serving",
+    "net-kourier",
+    "knative-eventing",
+)
 # The kubernetes binaries the cluster needs first come first, so `make cluster` can start early.
 FIRST = ("etcd", "kube-apiserver", "kubectl", "kube-controller-manager", "kube-scheduler", "kubelet")
 
