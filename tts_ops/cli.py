@@ -99,7 +99,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from tts_ops.simulate.errors import SimulateError
 
     try:
-        measured = profile.measure(args.url, repeats=args.repeats)
+        measured = profile.measure(args.url, repeats=args.repeats, engine=args.engine, device=args.device)
+        measured = profile.admit(measured, force=args.force)
+        if measured.forced:
+            print(f"tts-ops profile: warning: forced: {profile.load_problem(measured)}", file=sys.stderr)
         if args.out:
             profile.write(measured, Path(args.out))
     except SimulateError as exc:
@@ -120,15 +123,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from tts_ops.simulate.simulator import simulate
 
     try:
-        flavour, values = settings.from_manifests(args.manifests)
-        values = settings.apply_overrides(values, args.set or [])
-        prof = profile.load(args.profile or profile.default_path())
+        overlay = settings.read(args.manifests)
+        flavour, engine = overlay.flavour, overlay.engine
+        values = settings.apply_overrides(overlay.values, args.set or [])
+        path, because = profile.choose(
+            args.profile, engine.name, engine.device, engine.why, f"--manifests {args.manifests}"
+        )
+        prof = profile.load(path)
+        used = {"profile": _shown(path), "profile_because": because}
+        for warning in profile.warnings(prof, engine.name, engine.device):
+            print(f"tts-ops simulate: warning: {used['profile']}: {warning}", file=sys.stderr)
         traffic = trace.load(args.trace)
         if args.sweep:
             rows = sweep.run(flavour, values, prof, traffic, args.sweep)
             if args.json:
+                print(f"tts-ops simulate: profile {used['profile']} ({because})", file=sys.stderr)
                 print(json.dumps(sweep.to_json(rows), indent=2))
             else:
+                print(f"profile: {used['profile']} ({because})")
                 print(sweep.format_table(sweep.parse(args.sweep)[0], rows))
             return 0
         result = simulate(flavour, values, prof, traffic)
@@ -136,13 +148,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.png:
             report.write_png(result, Path(args.png), title)
         if args.html:
-            report.write_html(result, Path(args.html), title, values)
+            report.write_html(result, Path(args.html), title, values, used)
     except SimulateError as exc:
         print(f"tts-ops simulate: {exc}", file=sys.stderr)
         return 2
-    summary = result.summary()
+    summary = {**used, **result.summary()}
     print(json.dumps(summary, indent=2) if args.json else report.format_summary(summary))
     return 0
+
+
+def _shown(path: Path) -> str:
+    """PATH relative to the working directory when under it (the shipped profiles from the repo root)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,6 +193,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="the predictor's REST address, e.g. http://127.0.0.1:8080")
     p.add_argument("--out", help="write the profile JSON here (atomically)")
     p.add_argument("--repeats", type=int, default=3, help="requests per text length (median taken)")
+    p.add_argument(
+        "--engine",
+        choices=("onnx", "torch"),
+        help="the predictor's engine, for one whose /v2/models/<name> names none (platform); "
+        "must agree with one that does",
+    )
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="what the predictor runs on (default cpu)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="keep a profile measured with the 1-minute load average above the machine's cores "
+        "(refused otherwise); the profile records forced: true and simulate warns",
+    )
 
     p = sub.add_parser(
         "simulate",
@@ -186,7 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="CSV `t,chars` or a generator (poisson:rate=R,... see docs/deployment.md)",
     )
-    p.add_argument("--profile", help="profile JSON (default: the shipped cpu-2core profile)")
+    p.add_argument(
+        "--profile",
+        help="profile JSON (default: the shipped profile of the engine the manifests' predictor runs, "
+        "from its ENGINE, DEVICE, DTYPE and COMPILE)",
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one setting (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--png", help="draw the timeline here (written atomically)")

@@ -3,21 +3,30 @@
 A profile is JSON (schema below). `measure(url)` makes one from a running predictor: it times real v2
 requests of several lengths (sequentially, so a time is one synthesis plus the HTTP hop) and fits
 seconds = base_s + per_char_s x characters by least squares; cold start phases come from the
-predictor's own `tts_cold_start_seconds` gauges.
+predictor's own `tts_cold_start_seconds` gauges, the engine from its v2 model metadata (`platform`).
+The 1-minute load average is read before the first request and after the last: `admit` refuses a
+profile measured with it above the machine's cores (a shared machine's times, not the predictor's)
+unless forced, and a forced profile says so. `shipped` is the profile `simulate` uses for an engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
 import tempfile
 import time
+import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tts_ops.simulate.errors import SimulateError
+
+if TYPE_CHECKING:
+    import httpx
 
 SCHEMA = "tts-predictor-profile/1"
 # Lengths measured by `profile`: a short reply up to a paragraph (MAX_SEGMENT_CHARS-sized).
@@ -36,6 +45,9 @@ class Profile:
     measured_on: str = ""
     assumed: bool = False  # true for a profile written by hand (e.g. a GPU shape), not measured
     points: tuple[tuple[int, float], ...] = ()  # (characters, median seconds) behind the fit
+    load_average: tuple[float, ...] = ()  # 1-minute load average at the start and at the end; () unknown
+    cores: int = 0  # the measuring machine's CPUs (os.cpu_count); 0 unknown
+    forced: bool = False  # written with `profile --force` although load_average was above cores
 
     def synthesis_s(self, chars: int) -> float:
         return self.base_s + self.per_char_s * chars
@@ -55,6 +67,9 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "measured_on": str,
     "assumed": bool,
     "points": list,
+    "load_average": list,
+    "cores": int,
+    "forced": bool,
 }
 
 
@@ -87,6 +102,9 @@ def load(path: Path | str) -> Profile:
     phases = doc.get("phases_s", {})
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in phases.values()):
         raise SimulateError(f"{path}: key 'phases_s' must map phase names to seconds")
+    loads = doc.get("load_average", [])
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in loads):
+        raise SimulateError(f"{path}: key 'load_average' must list load averages (start, end)")
     return Profile(
         base_s=float(doc["base_s"]),
         per_char_s=float(doc["per_char_s"]),
@@ -97,11 +115,100 @@ def load(path: Path | str) -> Profile:
         measured_on=doc.get("measured_on", ""),
         assumed=doc.get("assumed", False),
         points=tuple((int(c), float(t)) for c, t in doc.get("points", [])),
+        load_average=tuple(float(v) for v in loads),
+        cores=doc.get("cores", 0),
+        forced=doc.get("forced", False),
     )
 
 
-def default_path() -> Path:
-    return Path(__file__).parent / "profiles" / "cpu-2core.json"
+SHIPPED_DIR = Path(__file__).parent / "profiles"
+# The shipped profile for each (engine, device) a predictor runs; each file's own engine and device
+# say the same (tests/unit/test_simulate_profiles.py). onnx on cuda has none: nothing here measured it.
+SHIPPED = {
+    ("onnx", "cpu"): "cpu-2core-onnx.json",
+    ("torch", "cpu"): "cpu-2core.json",
+    ("torch", "cuda"): "gpu-assumed.json",
+}
+
+
+def shipped(engine: str, device: str, where: str) -> Path:
+    """The shipped profile of ENGINE on DEVICE (cpu or cuda); an engine without one is an error that
+    says how to make one."""
+    name = SHIPPED.get((engine, device))
+    if name is None:
+        have = ", ".join(f"{e} on {d}" for e, d in SHIPPED)
+        raise SimulateError(
+            f"{where}: the predictor runs engine {engine} on {device} and no shipped profile measures it "
+            f"(shipped: {have}); measure one with `tts-ops profile --url ... --out FILE` on a predictor "
+            "running it and pass --profile FILE"
+        )
+    return SHIPPED_DIR / name
+
+
+def choose(given: str | Path | None, engine: str, device: str, why: str, where: str) -> tuple[Path, str]:
+    """The profile `simulate` runs with and why: GIVEN (--profile) if any, else the shipped profile
+    of the engine the simulated predictor runs (WHY: the env that chose it)."""
+    if given:
+        return Path(given), "given by --profile"
+    return shipped(engine, device, where), f"the shipped profile of {engine} on {device}: {why}"
+
+
+def warnings(profile: Profile, engine: str, device: str) -> list[str]:
+    """What a reader of the simulation must know about its profile: forced past the load guard,
+    or measured on another engine or device than the simulated predictor runs."""
+    found = []
+    if profile.forced:
+        found.append(
+            f"the profile was written with --force: {load_problem(profile) or 'measured on a busy machine'}; "
+            "its times include that machine's contention"
+        )
+    if (profile.engine, profile.device) != (engine, device):
+        found.append(
+            f"the profile was measured on {profile.engine} on {profile.device}, the simulated predictor "
+            f"runs {engine} on {device}"
+        )
+    return found
+
+
+def load_problem(profile: Profile) -> str | None:
+    """Why the machine that measured PROFILE was too busy to trust its times: the 1-minute load
+    average above its cores at the start or the end. None when it was not, or nothing was recorded."""
+    if not profile.load_average or profile.cores <= 0:
+        return None
+    if max(profile.load_average) <= profile.cores:
+        return None
+    start, end = profile.load_average[0], profile.load_average[-1]
+    return (
+        f"the 1-minute load average was {start:.2f} at the start and {end:.2f} at the end of the "
+        f"measurement, above the machine's {profile.cores} cores"
+    )
+
+
+def admit(profile: Profile, force: bool = False) -> Profile:
+    """PROFILE if it was measured on a quiet machine; with FORCE, a loaded one marked forced;
+    otherwise SimulateError naming the load and the cores."""
+    problem = load_problem(profile)
+    if problem is None:
+        return profile
+    if not force:
+        raise SimulateError(
+            f"not writing the profile: {problem}, so its times are the machine's contention, not the "
+            "predictor's; measure again on a quiet machine, or pass --force to keep it marked forced"
+        )
+    return dataclasses.replace(profile, forced=True)
+
+
+def one_minute_load() -> float:
+    return os.getloadavg()[0]
+
+
+def reported_engine(meta: Any) -> str | None:
+    """The engine a predictor names in its v2 model metadata (`platform`: onnx or torch), or None."""
+    from predictor.config import Settings
+
+    engines = set(typing.get_args(Settings.model_fields["engine"].annotation)) - {"auto"}
+    platform = meta.get("platform") if isinstance(meta, dict) else None
+    return platform if platform in engines else None
 
 
 def fit_linear(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -114,17 +221,42 @@ def fit_linear(points: list[tuple[int, float]]) -> tuple[float, float]:
     return max(my - slope * mx, 0.0), slope
 
 
-def measure(url: str, repeats: int = 3, model: str = "tts", lengths: tuple[int, ...] = LENGTHS) -> Profile:
-    """Time real requests against a ready predictor at `url` and read its cold-start gauges."""
+def measure(
+    url: str,
+    repeats: int = 3,
+    model: str = "tts",
+    lengths: tuple[int, ...] = LENGTHS,
+    *,
+    engine: str | None = None,
+    device: str = "cpu",
+    load_average: Callable[[], float] = one_minute_load,
+    cores: int | None = None,
+    transport: httpx.BaseTransport | None = None,
+) -> Profile:
+    """Time real requests against a ready predictor at `url` and read its cold-start gauges.
+
+    The engine is the one the predictor reports; ENGINE is for a predictor that reports none, and
+    must agree with one that does. DEVICE (cpu or cuda) is not reported: it is the caller's word.
+    LOAD_AVERAGE, CORES and TRANSPORT are seams for tests (the machine's load, os.cpu_count(), HTTP)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     url = url.rstrip("/")
-    with httpx.Client(timeout=120) as client:
+    cores = (os.cpu_count() or 0) if cores is None else cores
+    load_start = load_average()
+    with httpx.Client(timeout=120, transport=transport) as client:
         ready = client.get(f"{url}/v2/models/{model}/ready")
         if ready.status_code != 200:
             raise SimulateError(f"{url}: model {model!r} is not ready (HTTP {ready.status_code})")
         meta = client.get(f"{url}/v2/models/{model}").json()
+        reported = reported_engine(meta)
+        if reported is None and engine is None:
+            raise SimulateError(
+                f"{url}/v2/models/{model}: the metadata names no engine (platform onnx or torch); "
+                "pass --engine"
+            )
+        if reported is not None and engine is not None and reported != engine:
+            raise SimulateError(f"--engine {engine}: the predictor at {url} reports engine {reported}")
         points: list[tuple[int, float]] = []
         for n in lengths:
             text = (_SENTENCE * (n // len(_SENTENCE) + 1))[:n].strip()
@@ -142,22 +274,24 @@ def measure(url: str, repeats: int = 3, model: str = "tts", lengths: tuple[int, 
             for sample in family.samples:
                 if sample.name == "tts_cold_start_seconds":
                     phases[sample.labels["phase"]] = sample.value
+    load_end = load_average()
     if "total" not in phases:
         raise SimulateError(f'{url}/metrics has no tts_cold_start_seconds{{phase="total"}}')
     base, slope = fit_linear(points)
-    params = meta.get("parameters", {}) if isinstance(meta, dict) else {}
     return Profile(
         base_s=round(base, 5),
         per_char_s=round(slope, 7),
         cold_start_s=round(phases.pop("total"), 3),
         phases_s={k: round(v, 3) for k, v in sorted(phases.items())},
-        engine=str(params.get("engine", "unknown")),
-        device=str(params.get("device", "cpu")),
+        engine=reported or str(engine),
+        device=device,
         measured_on=(
-            f"{os.uname().nodename}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "
+            f"{os.uname().nodename}, {cores} CPUs, load average {load_start:.1f} -> {load_end:.1f}, "
             f"{time.strftime('%Y-%m-%d')}"
         ),
         points=tuple((n, round(t, 4)) for n, t in points),
+        load_average=(round(load_start, 2), round(load_end, 2)),
+        cores=cores,
     )
 
 

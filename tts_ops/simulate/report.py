@@ -58,11 +58,14 @@ def write_png(result: Result, out: Path, title: str) -> None:
     atomic_write_bytes(Path(out), render_png(result, title))
 
 
-def write_html(result: Result, out: Path, title: str, settings: dict[str, Any]) -> None:
-    """One self-contained page: the run's summary, the settings it ran with, and the timeline."""
+def write_html(
+    result: Result, out: Path, title: str, settings: dict[str, Any], profile: dict[str, Any] | None = None
+) -> None:
+    """One self-contained page: the run's summary (after PROFILE: which profile and why), the settings
+    it ran with, and the timeline."""
     from tts_ops.report_page import Figure, Page, Table
 
-    summary = result.summary()
+    summary = {**(profile or {}), **result.summary()}
     Page(
         title=f"Autoscaling simulation: {title}",
         tables=[

@@ -3,13 +3,17 @@
 Every key has a default and a source: the manifests (annotation, spec field, env var), else the
 upstream default of the controller that reads it (Knative's config-autoscaler, kube-controller-
 manager's HPA flags, KEDA's and its HTTP add-on's documented defaults), else a pod-start parameter
-of our own, named below. `from_manifests` never invents a value the manifests state.
+of our own, named below. `from_manifests` never invents a value the manifests state. `read` also
+says which engine the simulated predictor runs (its ENGINE, DEVICE, DTYPE and COMPILE as the predictor
+resolves them), so `simulate` can pick the profile measured on that engine.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +133,31 @@ def _named(objects: list[dict], kind: str, name: str | None) -> dict | None:
     return next((o for o in objects if o.get("kind") == kind and o["metadata"]["name"] == name), None)
 
 
+@dataclass(frozen=True)
+class Engine:
+    """The engine the simulated predictor runs, as `predictor.config.Settings.engine_name` resolves it."""
+
+    name: str  # onnx | torch
+    device: str  # cpu | cuda (cuda:N counted as cuda)
+    why: str  # the env that made it, e.g. "ENGINE=auto, DEVICE=cuda -> torch"
+
+
+@dataclass(frozen=True)
+class Overlay:
+    flavour: str  # knative | keda
+    values: dict[str, Any]
+    engine: Engine
+
+
 def from_manifests(directory: Path | str) -> tuple[str, dict[str, Any]]:
     """(flavour, values): 'knative' for a Serverless InferenceService on the KPA, 'keda' for a
     ScaledObject; anything else has no autoscaling object to simulate."""
+    overlay = read(directory)
+    return overlay.flavour, overlay.values
+
+
+def read(directory: Path | str) -> Overlay:
+    """from_manifests' flavour and values, and the engine of the predictor they scale."""
     directory = Path(directory)
     if not directory.is_dir():
         raise SimulateError(f"--manifests {directory}: not a directory")
@@ -163,19 +189,70 @@ def from_manifests(directory: Path | str) -> tuple[str, dict[str, Any]]:
             f"--manifests {directory}: no autoscaling object (a Serverless InferenceService on the KPA, "
             "or a KEDA ScaledObject) in the rendered manifests"
         )
-    if isvc is not None:
-        _read_predictor(isvc, values)
+    if isvc is None:
+        raise SimulateError(f"--manifests {directory}: the ScaledObject scales no InferenceService")
+    env = _read_predictor(isvc, values)
     monitor = _one(objects, "PodMonitor")
     if monitor is not None and flavour == "keda":
         for ep in monitor["spec"].get("podMetricsEndpoints", []):
             if "interval" in ep:
                 values["keda.scrape_s"] = duration_s(ep["interval"], f"{directory}: PodMonitor interval")
-    return flavour, values
+    name = isvc["metadata"]["name"]
+    return Overlay(
+        flavour, values, predictor_engine(env, f"--manifests {directory}: InferenceService {name}")
+    )
 
 
-def _read_predictor(isvc: dict, values: dict[str, Any]) -> None:
+# The settings that choose the engine (Settings.engine_name reads these and nothing else).
+ENGINE_ENV = ("ENGINE", "DEVICE", "DTYPE", "COMPILE")
+
+
+def predictor_engine(env: dict[str, str], where: str = "env") -> Engine:
+    """The engine a predictor with this container env runs: the env's ENGINE, DEVICE, DTYPE and
+    COMPILE, the rest at Settings' defaults (never this process's environment), resolved as the
+    predictor resolves ENGINE=auto."""
+    from pydantic import ValidationError
+
+    given = {k: env[k] for k in ENGINE_ENV if k in env}
+    try:
+        resolved = _manifest_settings()(**{k.lower(): v for k, v in given.items()})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise SimulateError(f"{where}: {problems}") from None
+    device = "cuda" if resolved.device.startswith("cuda") else "cpu"
+    stated = ", ".join(f"{k}={v}" for k, v in given.items()) or "no ENGINE, DEVICE, DTYPE or COMPILE"
+    if resolved.engine == "auto":
+        stated += f", so ENGINE=auto resolves to {resolved.engine_name} on {device}"
+    return Engine(resolved.engine_name, device, f"the predictor's env has {stated}")
+
+
+@functools.cache
+def _manifest_settings() -> type:
+    """Settings read from the arguments alone: a pod's env is its manifest's, not the shell's that
+    runs the simulator."""
+    from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+    from predictor.config import Settings
+
+    class ManifestSettings(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings,)
+
+    return ManifestSettings
+
+
+def _read_predictor(isvc: dict, values: dict[str, Any]) -> dict[str, str]:
+    """The predictor container's knobs into values; its literal env (valueFrom and envFrom are not read)."""
     container = isvc["spec"]["predictor"]["containers"][0]
-    env = {e["name"]: e.get("value") for e in container.get("env", []) if "value" in e}
+    env = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
     if "MAX_QUEUE" in env:
         values["pod.max_queue"] = int(env["MAX_QUEUE"])
     if "REQUEST_TIMEOUT_S" in env:
@@ -188,6 +265,7 @@ def _read_predictor(isvc: dict, values: dict[str, Any]) -> None:
     startup = container.get("startupProbe")
     if startup is not None:
         values["pod.startup_period_s"] = float(startup.get("periodSeconds", 10))
+    return env
 
 
 def _read_knative(isvc: dict, values: dict[str, Any], where: Path) -> None:

@@ -1,0 +1,284 @@
+"""Which profile `tts-ops simulate` runs with, and which profiles `tts-ops profile` writes.
+
+simulate picks the shipped profile of the engine the overlay's predictor runs (its ENGINE, DEVICE,
+DTYPE and COMPILE, resolved as predictor/config.py resolves ENGINE=auto) unless --profile is given;
+profile refuses a measurement taken with the 1-minute load average above the machine's cores unless
+--force, and a forced profile makes simulate warn. The load average and HTTP are injected (no socket).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tts_ops import cli
+from tts_ops.simulate import profile, settings
+from tts_ops.simulate.errors import SimulateError
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILES = ROOT / "tts_ops" / "simulate" / "profiles"
+
+# Every overlay of knative/ and keda/: (overlay, engine, device, the shipped profile simulate picks).
+OVERLAYS = [
+    ("knative/overlays/cpu", "onnx", "cpu", "cpu-2core-onnx.json"),
+    ("knative/overlays/gpu", "torch", "cuda", "gpu-assumed.json"),
+    ("keda/overlays/cpu", "onnx", "cpu", "cpu-2core-onnx.json"),
+    ("keda/overlays/gpu", "torch", "cuda", "gpu-assumed.json"),
+    ("keda/overlays/e2e", "onnx", "cpu", "cpu-2core-onnx.json"),
+]
+
+
+@pytest.mark.parametrize(("overlay", "engine", "device", "shipped"), OVERLAYS)
+def test_each_overlay_simulates_with_the_shipped_profile_of_its_predictors_engine(
+    overlay, engine, device, shipped
+):
+    read = settings.read(ROOT / overlay)
+
+    path, because = profile.choose(None, read.engine.name, read.engine.device, read.engine.why, overlay)
+
+    assert (read.engine.name, read.engine.device) == (engine, device)
+    assert path == PROFILES / shipped
+    assert f"{engine} on {device}" in because and "ENGINE=" in because
+
+
+def test_the_overlay_table_lists_every_overlay_of_knative_and_keda():
+    found = {str(p.parent.relative_to(ROOT)) for p in ROOT.glob("*/overlays/*/kustomization.yaml")}
+
+    assert found == {overlay for overlay, *_ in OVERLAYS}
+
+
+@pytest.mark.parametrize(("key", "name"), sorted(profile.SHIPPED.items()))
+def test_each_shipped_profile_is_of_the_engine_and_device_it_is_shipped_for(key, name):
+    loaded = profile.load(PROFILES / name)
+
+    assert (loaded.engine, loaded.device) == key
+
+
+@pytest.mark.parametrize(
+    ("env", "engine", "device"),
+    [
+        ({}, "onnx", "cpu"),
+        ({"ENGINE": "auto", "DEVICE": "cuda"}, "torch", "cuda"),
+        ({"DEVICE": "cuda:1"}, "torch", "cuda"),
+        ({"DTYPE": "bf16"}, "torch", "cpu"),
+        ({"COMPILE": "true"}, "torch", "cpu"),
+        ({"ENGINE": "torch"}, "torch", "cpu"),
+        ({"ENGINE": "onnx", "DEVICE": "cuda"}, "onnx", "cuda"),
+    ],
+)
+def test_engine_auto_resolves_as_the_predictor_resolves_it(env, engine, device):
+    resolved = settings.predictor_engine(env)
+
+    assert (resolved.name, resolved.device) == (engine, device)
+
+
+def test_the_shells_environment_does_not_choose_the_simulated_engine(monkeypatch):
+    monkeypatch.setenv("ENGINE", "torch")
+    monkeypatch.setenv("DEVICE", "cuda")
+
+    resolved = settings.predictor_engine({})
+
+    assert (resolved.name, resolved.device) == ("onnx", "cpu")
+
+
+def test_an_invalid_engine_setting_in_the_manifests_is_bad_input_naming_it():
+    with pytest.raises(SimulateError, match="DEVICE"):
+        settings.predictor_engine({"DEVICE": "tpu"}, "overlay x")
+
+
+def _overlay(tmp_path: Path, base: str, env: dict[str, str]) -> Path:
+    """A kustomization in tmp_path: BASE (a repo overlay) with ENV added to its predictors."""
+    adds = "".join(
+        f"      - op: add\n        path: /spec/predictor/containers/0/env/-\n"
+        f"        value: {{name: {k}, value: {v}}}\n"
+        for k, v in env.items()
+    )
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {os.path.relpath(ROOT / base, tmp_path)}\n"
+        "patches:\n  - target:\n      kind: InferenceService\n    patch: |-\n" + adds
+    )
+    return tmp_path
+
+
+def test_an_engine_without_a_shipped_profile_fails_naming_the_engine_and_the_profile_flag(tmp_path, capsys):
+    onnx_on_cuda = _overlay(tmp_path, "knative/overlays/cpu", {"DEVICE": "cuda"})
+
+    code = cli.main(["simulate", "--manifests", str(onnx_on_cuda), "--trace", "idle:after=60"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "engine onnx on cuda" in err and "--profile" in err
+
+
+def _simulate_json(capsys, *args: str) -> tuple[dict, str]:
+    code = cli.main(["simulate", "--trace", "idle:after=60", "--json", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out), err
+
+
+def test_simulate_says_which_profile_it_chose_and_why(capsys):
+    summary, err = _simulate_json(capsys, "--manifests", str(ROOT / "keda" / "overlays" / "cpu"))
+
+    assert summary["profile"].endswith("cpu-2core-onnx.json")
+    assert summary["profile_because"] == (
+        "the shipped profile of onnx on cpu: the predictor's env has ENGINE=onnx"
+    )
+    assert "warning" not in err
+
+
+def test_a_given_profile_overrides_the_overlays_choice_and_the_engine_mismatch_is_warned(capsys):
+    torch = PROFILES / "cpu-2core.json"
+
+    summary, err = _simulate_json(
+        capsys, "--manifests", str(ROOT / "knative" / "overlays" / "cpu"), "--profile", str(torch)
+    )
+
+    assert summary["profile"].endswith("cpu-2core.json")
+    assert summary["profile_because"] == "given by --profile"
+    assert "warning" in err and "measured on torch on cpu" in err and "runs onnx on cpu" in err
+
+
+def _profile(load: tuple[float, ...], cores: int, **fields) -> profile.Profile:
+    return profile.Profile(
+        base_s=0.1,
+        per_char_s=0.004,
+        cold_start_s=3.0,
+        phases_s={},
+        engine="onnx",
+        device="cpu",
+        load_average=load,
+        cores=cores,
+        **fields,
+    )
+
+
+def test_simulate_warns_when_its_profile_was_forced(tmp_path, capsys):
+    forced, quiet = tmp_path / "forced.json", tmp_path / "quiet.json"
+    profile.write(_profile((5.25, 6.5), 2, forced=True), forced)
+    profile.write(_profile((0.5, 0.75), 2), quiet)
+    keda_cpu = str(ROOT / "keda" / "overlays" / "cpu")
+
+    _, forced_err = _simulate_json(capsys, "--manifests", keda_cpu, "--profile", str(forced))
+    _, quiet_err = _simulate_json(capsys, "--manifests", keda_cpu, "--profile", str(quiet))
+
+    assert "warning" in forced_err and "--force" in forced_err
+    assert "5.25" in forced_err and "6.50" in forced_err and "2 cores" in forced_err
+    assert quiet_err == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "load"),
+    [("loaded at the start", (3.5, 1.0)), ("loaded at the end", (1.0, 3.5))],
+)
+def test_a_profile_measured_above_the_cores_is_refused_naming_the_load_and_the_cores(name, load):
+    with pytest.raises(SimulateError) as refused:
+        profile.admit(_profile(load, 2))
+
+    message = str(refused.value)
+    assert "3.50" in message and "1.00" in message and "2 cores" in message and "--force" in message
+
+
+def test_a_profile_at_or_below_the_cores_is_admitted_unforced():
+    admitted = profile.admit(_profile((2.0, 1.5), 2))
+
+    assert admitted.forced is False
+
+
+def test_force_admits_a_loaded_profile_marked_forced():
+    admitted = profile.admit(_profile((10.8, 14.9), 2), force=True)
+
+    assert admitted.forced is True
+
+
+class _Predictor:
+    """A ready predictor's REST answers, recording each request and each load reading in order."""
+
+    def __init__(self, platform: str | None, loads: list[float]):
+        self.platform, self.loads, self.events = platform, loads, []
+
+    def load_average(self) -> float:
+        self.events.append("load")
+        return self.loads.pop(0)
+
+    def transport(self) -> httpx.MockTransport:
+        def handle(request: httpx.Request) -> httpx.Response:
+            path = request.url.path
+            self.events.append(path)
+            if path == "/v2/models/tts/ready":
+                return httpx.Response(200)
+            if path == "/v2/models/tts":
+                meta = {"name": "tts"} | ({"platform": self.platform} if self.platform else {})
+                return httpx.Response(200, json=meta)
+            if path == "/v2/models/tts/infer":
+                return httpx.Response(200, json={"outputs": []})
+            if path == "/metrics":
+                return httpx.Response(
+                    200,
+                    text='tts_cold_start_seconds{phase="fetch"} 1.5\n'
+                    'tts_cold_start_seconds{phase="total"} 4.25\n',
+                )
+            return httpx.Response(404)
+
+        return httpx.MockTransport(handle)
+
+    def measure(self, **kwargs) -> profile.Profile:
+        return profile.measure(
+            "http://predictor",
+            repeats=1,
+            lengths=(20, 80),
+            load_average=self.load_average,
+            cores=2,
+            transport=self.transport(),
+            **kwargs,
+        )
+
+
+def test_measure_reads_the_load_before_the_first_request_and_after_the_last():
+    predictor = _Predictor("onnx", [0.5, 2.75])
+
+    measured = predictor.measure()
+
+    assert predictor.events[0] == "load" and predictor.events[-1] == "load"
+    assert predictor.events.count("load") == 2
+    assert measured.load_average == (0.5, 2.75) and measured.cores == 2
+    with pytest.raises(SimulateError, match=r"2\.75 at the end"):
+        profile.admit(measured)
+
+
+def test_measure_records_the_engine_the_predictor_reports():
+    measured = _Predictor("torch", [0.1, 0.1]).measure()
+
+    assert measured.engine == "torch"
+
+
+def test_measure_takes_the_engine_flag_only_when_the_predictor_reports_none():
+    with pytest.raises(SimulateError, match="--engine"):
+        _Predictor(None, [0.1, 0.1]).measure()
+    with pytest.raises(SimulateError, match="reports engine onnx"):
+        _Predictor("onnx", [0.1, 0.1]).measure(engine="torch")
+
+    assert _Predictor(None, [0.1, 0.1]).measure(engine="torch").engine == "torch"
+
+
+def test_profile_command_writes_no_file_when_loaded_and_a_forced_one_with_force(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(profile, "measure", lambda *a, **k: _profile((10.8, 14.9), 2))
+    out = tmp_path / "p.json"
+
+    refused = cli.main(["profile", "--url", "http://predictor", "--out", str(out)])
+    refused_err = capsys.readouterr().err
+    written_when_refused = out.exists()
+    forced = cli.main(["profile", "--url", "http://predictor", "--out", str(out), "--force"])
+
+    assert refused == 2 and not written_when_refused
+    assert "10.80" in refused_err and "14.90" in refused_err and "2 cores" in refused_err
+    assert forced == 0
+    written = profile.load(out)
+    assert written.forced is True and written.load_average == (10.8, 14.9) and written.cores == 2
