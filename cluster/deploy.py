@@ -1,5 +1,6 @@
-"""`make cluster-deploy FLAVOUR=keda`: our image and what it needs in the cluster of `make cluster`, then
-the flavour's e2e overlay (keda/overlays/e2e), applied and waited for.
+"""`make cluster-deploy FLAVOUR=keda|knative`: our image and what it needs in the cluster of `make cluster`,
+then the flavour's e2e overlay (keda/overlays/e2e or knative/overlays/e2e), applied and waited for. The
+knative flavour first installs Knative Serving and Kourier (cluster.knative).
 
 What a real cluster has and this one lacks is supplied on the node, as the platform's controllers are
 (cluster.platform), each behind the Service name our manifests use:
@@ -12,8 +13,9 @@ What a real cluster has and this one lacks is supplied on the node, as the platf
   it without Kubernetes discovery, so cluster.pod_discovery serves the same pod targets over HTTP SD.
 
 Prints `URL=http://127.0.0.1:<port>` and `HOST=<host>` last: a request to URL with that Host header goes
-through the HTTP add-on's interceptor, the flavour's 0 -> 1 path. Run again, it reuses what is up and
-re-applies the overlay. Run: python -m cluster.deploy keda"""
+the flavour's 0 -> 1 path: the HTTP add-on's interceptor (keda), or Kourier and Knative's activator
+(knative). Run again, it reuses what is up and re-applies the overlay; the other flavour's objects are
+removed first (both use namespace tts). Run: python -m cluster.deploy keda|knative"""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ DISCOVERY = "127.0.0.1:9095"  # cluster.pod_discovery, inside the node
 DISCOVERY_REFRESH = "5s"
 # Host ports on 127.0.0.1 (the only way in): the interceptor's proxy and the voice store.
 INTERCEPTOR_HOST_PORT = int(os.environ.get("CLUSTER_HTTP_PORT", "16080"))
+KOURIER_HOST_PORT = int(os.environ.get("CLUSTER_KOURIER_PORT", "16081"))
 S3_HOST_PORT = int(os.environ.get("CLUSTER_S3_PORT", "16900"))
 # Buckets the manifests write to (shadow records, event outputs); moto starts empty.
 BUCKETS = ("voices", "tts-shadow", "tts-events")
@@ -301,28 +304,80 @@ def wait_keda_at_rest(record: node.Record, objects: list[dict[str, Any]]) -> Non
     node.wait_for(f"Deployment {target} at zero replicas", lambda: at_zero(cluster), 240)
 
 
+def wait_knative_at_rest(objects: list[dict[str, Any]]) -> str:
+    """The stable InferenceService Ready (its Knative Service, Route and Kourier ingress with it) and
+    then at zero; the canary ready. Returns the InferenceService's host."""
+    from testing.kube import Cluster, at_zero, condition_true
+
+    cluster = Cluster(str(node.kubectl_path()), str(node.admin_kubeconfig()))
+    name = next(
+        o["metadata"]["name"]
+        for o in objects
+        if o["kind"] == "InferenceService"
+        and o["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode") == "Serverless"
+    )
+    node.wait_for(
+        f"InferenceService {name} Ready",
+        lambda: condition_true(cluster.get("-n", NAMESPACE, "inferenceservice", name) or {}, "Ready"),
+        300,
+    )
+    node.wait_rollout(NAMESPACE, "deployment/tts-canary-predictor", 300)
+    node.wait_for("the stable predictor at zero", lambda: at_zero(cluster), 240)
+    url = (cluster.get("-n", NAMESPACE, "inferenceservice", name) or {})["status"]["url"]
+    return url.split("://", 1)[1].split("/", 1)[0]
+
+
+def _switch_flavour(record: node.Record, flavour: str) -> None:
+    """Both flavours name the same objects in one namespace: the other one's go first."""
+    previous = record.data.get("flavour")
+    if previous and previous != flavour:
+        node.log(f"removing the {previous} flavour's namespace {NAMESPACE}")
+        node.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=300s", check=False)
+    record.data["flavour"] = flavour
+    record.save()
+
+
 def deploy(flavour: str) -> int:
-    if flavour != "keda":
-        raise SystemExit(f"FLAVOUR={flavour}: only keda deploys on this cluster yet (knative: issue 22)")
+    if flavour not in ("keda", "knative"):
+        raise SystemExit(f"FLAVOUR={flavour}: keda or knative")
     if not node.is_up():
         raise SystemExit("no cluster is up: run `make cluster` first")
     started = time.monotonic()
     record = node.Record()
+    if flavour == "knative":
+        from cluster import knative
+
+        knative.install(record)
+    _switch_flavour(record, flavour)
     import_image(record)
     start_voice_store(record)
-    overlay = ROOT / "keda" / "overlays" / "e2e"
+    overlay = ROOT / flavour / "overlays" / "e2e"
     from tts_ops.kustomize import render
 
     objects = render(overlay)
     start_prometheus(record, objects)
     platform.apply(objects)
-    wait_keda_at_rest(record, objects)
-    forward(
-        record, "interceptor-loopback", INTERCEPTOR_HOST_PORT, f"{node.NODE_IP}:{platform.HTTP_PROXY_PORT}"
-    )
-    host = next(o for o in objects if o["kind"] == "HTTPScaledObject")["spec"]["hosts"][0]
-    node.log(f"keda flavour deployed in {time.monotonic() - started:.0f}s, predictor at zero")
-    print(f"URL=http://127.0.0.1:{INTERCEPTOR_HOST_PORT}")
+    if flavour == "keda":
+        wait_keda_at_rest(record, objects)
+        forward(
+            record,
+            "interceptor-loopback",
+            INTERCEPTOR_HOST_PORT,
+            f"{node.NODE_IP}:{platform.HTTP_PROXY_PORT}",
+        )
+        host = next(o for o in objects if o["kind"] == "HTTPScaledObject")["spec"]["hosts"][0]
+        port = INTERCEPTOR_HOST_PORT
+    else:
+        host = wait_knative_at_rest(objects)
+        # Kourier's cluster-local listener (the InferenceService's host is a svc.cluster.local one),
+        # through its Service's ClusterIP: kube-proxy picks the gateway pod, as for any in-cluster caller.
+        gateway = node.kubectl(
+            "-n", "kourier-system", "get", "service", "kourier-internal", "-o", "jsonpath={.spec.clusterIP}"
+        ).stdout.strip()
+        forward(record, "kourier-loopback", KOURIER_HOST_PORT, f"{gateway}:80")
+        port = KOURIER_HOST_PORT
+    node.log(f"{flavour} flavour deployed in {time.monotonic() - started:.0f}s, predictor at zero")
+    print(f"URL=http://127.0.0.1:{port}")
     print(f"HOST={host}")
     return 0
 

@@ -110,6 +110,11 @@ def start_kserve(record: node.Record) -> None:
         d for d in _yaml_docs(root / "config/configmap/inferenceservice.yaml") if d["kind"] == "ConfigMap"
     )
     configmap["metadata"]["namespace"] = "kserve"
+    # No Istio on this cluster: Serverless InferenceServices are reached at their Knative Service's
+    # own address (through Kourier), not through a VirtualService KServe would otherwise write.
+    ingress = json.loads(configmap["data"]["ingress"])
+    ingress["disableIstioVirtualHost"] = True
+    configmap["data"]["ingress"] = json.dumps(ingress, indent=1)
     apply([configmap])
     # controller-runtime reads its serving certificate from $TMPDIR/k8s-webhook-server/serving-certs.
     tmp = node.STATE / "kserve-tmp"

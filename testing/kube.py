@@ -104,9 +104,20 @@ def stable_pods(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def at_zero(cluster: Cluster) -> bool:
-    """The stable predictor scaled to zero replicas, with no pod left (a terminating one counts)."""
-    deployment = cluster.get("-n", NAMESPACE, "deployment", STABLE_DEPLOYMENT) or {}
-    return deployment.get("spec", {}).get("replicas") == 0 and not stable_pods(cluster)
+    """The stable predictor scaled to zero replicas, with no pod left (a terminating one counts).
+
+    Its Deployment is KServe's (Standard mode, keda flavour) or, in Serverless mode (knative flavour),
+    the Knative revisions' (<service>-<n>-deployment, labelled with the InferenceService)."""
+    deployment = cluster.get("-n", NAMESPACE, "deployment", STABLE_DEPLOYMENT)
+    if deployment is not None:
+        deployments = [deployment]
+    else:
+        deployments = (cluster.get("-n", NAMESPACE, "deployment", "-l", STABLE) or {}).get("items", [])
+    return (
+        bool(deployments)
+        and all(d["spec"].get("replicas") == 0 for d in deployments)
+        and not stable_pods(cluster)
+    )
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ OVERLAYS = [
     ("keda/overlays/cpu", "onnx", "cpu", "cpu-2core-onnx.json"),
     ("keda/overlays/gpu", "torch", "cuda", "gpu-assumed.json"),
     ("keda/overlays/e2e", "onnx", "cpu", "cpu-2core-onnx.json"),
+    ("knative/overlays/e2e", "onnx", "cpu", "cpu-2core-onnx.json"),
 ]
 
 

