@@ -50,7 +50,8 @@ class Cluster:
         return out.stdout
 
     def json_logs(self, namespace: str, pod: str) -> list[dict[str, Any]]:
-        logs = self.kubectl("-n", namespace, "logs", pod).stdout
+        # Knative pods carry queue-proxy beside it: name the predictor's container.
+        logs = self.kubectl("-n", namespace, "logs", pod, "-c", "kserve-container").stdout
         return [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
 
     def model_ready(self, namespace: str, pod: str) -> dict[str, Any]:

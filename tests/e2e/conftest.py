@@ -1,6 +1,6 @@
 """The cluster of `make cluster` for the e2e tests: KUBECTL and KUBECONFIG from the environment (as
 `make cluster` prints them), else `python -m cluster.node up` is run, which reuses a cluster already up.
-The keda flavour as `make cluster-deploy FLAVOUR=keda` deploys it (URL and HOST from its last lines).
+Each flavour as `make cluster-deploy FLAVOUR=keda|knative` deploys it (URL and HOST from its last lines).
 Figures the tests measure go to the e2e report, printed at the end and written as JSON beside the
 cluster's state (E2E_REPORT overrides where)."""
 
@@ -65,6 +65,18 @@ def _deploy(flavour: str) -> dict[str, str]:
 def keda(cluster) -> Flavour:
     env = _deploy("keda")
     return Flavour(env["URL"], env["HOST"])
+
+
+@pytest.fixture(scope="session")
+def knative(cluster) -> Flavour:
+    env = _deploy("knative")
+    return Flavour(env["URL"], env["HOST"])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Both flavours deploy into namespace tts and deploying one removes the other: every test of the
+    # knative flavour runs after every test of the keda flavour.
+    items.sort(key=lambda item: "knative" in getattr(item, "fixturenames", ()))
 
 
 REPORT: dict[str, object] = {}

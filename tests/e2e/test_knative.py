@@ -1,0 +1,216 @@
+"""The knative flavour on real Knative (issue 22, `make e2e` tests 1 to 4): knative/overlays/e2e deployed
+with our image (`make cluster-deploy FLAVOUR=knative`) on Knative Serving with Kourier (cluster/knative.py),
+KServe in Serverless mode. Ready through its Route and Kourier, then at zero; 0 -> 1 with the request
+held by the activator; a burst that sends KPA into panic mode and scales out while containerConcurrency
+holds at the pod; back to zero with a stream in flight that completes.
+
+These run after every keda test (conftest orders them): deploying this flavour removes the other's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from testing.audio import speech_problems
+from testing.bodies import audio_of, speech_request, v2_request
+from testing.kube import (
+    NAMESPACE,
+    at_zero,
+    condition_time,
+    condition_true,
+    eventually,
+    ready,
+    stable_pods,
+    timestamp,
+)
+from testing.predictor import metric_in
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+INFER = "/v2/models/{model_name}/infer"
+SAMPLE_RATE = 22050  # the default voice's
+SERVICE = "tts-predictor"  # the Knative Service KServe makes for InferenceService tts
+CONTAINER_CONCURRENCY = 3  # knative/overlays/cpu
+
+
+def _sks(cluster) -> dict[str, Any]:
+    (revision,) = (
+        cluster.get("-n", NAMESPACE, "revision", "-l", f"serving.knative.dev/service={SERVICE}") or {}
+    )["items"]
+    return cluster.get("-n", NAMESPACE, "serverlessservice", revision["metadata"]["name"]) or {}
+
+
+def test_knative_the_inferenceservice_is_ready_through_its_route_and_kourier_then_at_zero(cluster, knative):
+    isvc = cluster.get("-n", NAMESPACE, "inferenceservice", "tts")
+    ksvc = cluster.get("-n", NAMESPACE, "ksvc", SERVICE)
+    ingress = cluster.get("-n", NAMESPACE, "ingress.networking.internal.knative.dev", SERVICE)
+
+    assert condition_true(isvc, "Ready") and condition_true(ksvc, "RoutesReady"), ksvc["status"]
+    assert ingress["metadata"]["annotations"]["networking.knative.dev/ingress.class"] == (
+        "kourier.ingress.networking.knative.dev"
+    )
+    assert condition_true(ingress, "Ready")
+    assert knative.host == ksvc["status"]["url"].split("://", 1)[1]
+    assert at_zero(cluster), [p["metadata"]["name"] for p in stable_pods(cluster)]
+    # At zero the revision's public Service points at the activator: it is the one to hold a request.
+    assert _sks(cluster)["spec"]["mode"] == "Proxy"
+
+
+def test_knative_a_request_at_zero_is_held_by_the_activator_and_answered_with_real_speech(
+    cluster, knative, e2e_report
+):
+    assert at_zero(cluster), "not at zero before the first request"
+    sent = time.time()
+    response = knative.infer(SENTENCE, timeout=180)
+    answered = time.time()
+
+    assert response.status_code == 200, response.text[:500]
+    audio = audio_of(response.json())
+    seconds = len(audio) / SAMPLE_RATE
+    assert 1.5 < seconds < 5.0, f"{seconds:.2f} s of audio for a 44-character sentence"
+    assert speech_problems(audio, SAMPLE_RATE, seconds) == []
+    (pod,) = stable_pods(cluster)
+    name = pod["metadata"]["name"]
+    exposition = cluster.pod_metrics(NAMESPACE, name)
+    # The activator held the request until the pod was ready: the pod saw one inference, answered
+    # 200, and never refused one as not ready (503).
+    assert metric_in(exposition, "tts_requests_total", route=INFER, code="200") == 1
+    assert metric_in(exposition, "tts_request_errors_total", route=INFER, code="503") == 0
+    started = next(s for s in pod["status"]["containerStatuses"] if s["name"] == "kserve-container")
+    ready_line = cluster.model_ready(NAMESPACE, name)
+    created = timestamp(pod["metadata"]["creationTimestamp"])
+    timeline = {
+        "pod_created_s": created - sent,
+        "scheduled_s": (condition_time(pod, "PodScheduled") or created) - sent,
+        "container_started_s": timestamp(started["state"]["running"]["startedAt"]) - sent,
+        "ready_s": (condition_time(pod, "Ready") or answered) - sent,
+        "answered_s": answered - sent,
+        "predictor_cold_start_s": ready_line["cold_start_s"],
+        "predictor_phases_s": ready_line["phases_s"],
+    }
+    e2e_report["knative 0->1"] = timeline
+    assert timeline["pod_created_s"] <= timeline["ready_s"] + 1 <= timeline["answered_s"] + 2, timeline
+
+
+def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_concurrency_holds(
+    cluster, knative, e2e_report
+):
+    # Twelve callers in a loop: four times containerConcurrency on one pod, at once (a burst, which
+    # the 6-second panic window sees before the stable one).
+    clients, deadline_s = 12, 150.0
+    answers: list[int] = []
+    in_flight: list[float] = []  # the predictor's own gauge, sampled on every ready pod
+    desired: list[tuple[float, int]] = []  # (seconds into the burst, the PodAutoscaler's desiredScale)
+    stop = threading.Event()
+    (revision,) = (
+        cluster.get("-n", NAMESPACE, "revision", "-l", f"serving.knative.dev/service={SERVICE}") or {}
+    )["items"]
+    kpa_name = revision["metadata"]["name"]
+
+    def caller() -> None:
+        with httpx.Client(timeout=120) as client:
+            while not stop.is_set():
+                response = client.post(
+                    knative.url + INFER.format(model_name="tts"),
+                    headers={"Host": knative.host},
+                    json=v2_request(SENTENCE),
+                )
+                answers.append(response.status_code)
+
+    def watch() -> None:
+        while not stop.is_set():
+            kpa = cluster.get("-n", NAMESPACE, "podautoscaler", kpa_name) or {}
+            desired.append((time.time() - started, int(kpa.get("status", {}).get("desiredScale") or 0)))
+            for pod in [p for p in stable_pods(cluster) if ready(p)]:
+                exposition = cluster.pod_metrics(NAMESPACE, pod["metadata"]["name"])
+                in_flight.append(metric_in(exposition, "tts_in_flight_requests"))
+            time.sleep(0.5)
+
+    started = time.time()
+    threads = [threading.Thread(target=caller) for _ in range(clients)]
+    watcher = threading.Thread(target=watch)
+    for t in [*threads, watcher]:
+        t.start()
+    try:
+        eventually(
+            "a second ready predictor pod",
+            lambda: len([p for p in stable_pods(cluster) if ready(p)]) >= 2,
+            deadline_s,
+        )
+        scaled_out = time.time() - started
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(150)
+        watcher.join(60)
+
+    autoscaler = cluster.kubectl(
+        "-n", "knative-serving", "logs", "deployment/autoscaler", "--since=5m"
+    ).stdout
+    panicked = [line for line in autoscaler.splitlines() if "PANICKING" in line and kpa_name in line]
+    assert panicked, "KPA never entered panic mode for the burst"
+    assert set(answers) == {200}, {c: answers.count(c) for c in set(answers)}
+    # The queue-proxy's breaker: never more than containerConcurrency at the pod, and the burst did
+    # fill it (a gauge that never reached the limit would prove nothing).
+    assert max(in_flight) <= CONTAINER_CONCURRENCY, max(in_flight)
+    assert CONTAINER_CONCURRENCY in in_flight, sorted(set(in_flight))
+    e2e_report["knative 1->N"] = {
+        "clients": clients,
+        "second_pod_ready_s": scaled_out,
+        "first_desired_above_one_s": next((t for t, n in desired if n > 1), None),
+        "max_desired": max((n for _, n in desired), default=0),
+        "max_in_flight_at_a_pod": max(in_flight),
+        "answers": {str(c): answers.count(c) for c in sorted(set(answers))},
+    }
+
+
+def test_knative_a_stream_in_flight_on_a_pod_being_removed_completes_then_back_to_zero(
+    cluster, knative, e2e_report
+):
+    # Right after the burst several pods are up and KPA is scaling them down. Scale-down and `kubectl
+    # delete pod` end a pod the same way (SIGTERM to queue-proxy and the predictor, the grace period),
+    # so the pod serving the stream is deleted: queue-proxy's drain and ours must let it finish.
+    text = " ".join([SENTENCE] * 20)
+    chunks: list[bytes] = []
+    result: dict[str, Any] = {}
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST",
+            knative.url + "/v1/audio/speech",
+            headers={"Host": knative.host},
+            json=speech_request(text, stream=True),
+            timeout=300,
+        ) as response:
+            result["status"] = response.status_code
+            for chunk in response.iter_raw():
+                chunks.append(chunk)
+        result["done"] = time.time()
+
+    caller = threading.Thread(target=stream)
+    caller.start()
+    eventually("the stream's first audio", lambda: chunks, 180)
+
+    def streaming_pod() -> str | None:
+        for pod in stable_pods(cluster):
+            name = pod["metadata"]["name"]
+            if ready(pod) and metric_in(cluster.pod_metrics(NAMESPACE, name), "tts_in_flight_requests") >= 1:
+                return name
+        return None
+
+    name = eventually("the pod serving the stream", streaming_pod, 30)
+    deleted = time.time()
+    out = cluster.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
+    assert out.returncode == 0, out.stderr
+    caller.join(300)
+
+    assert result.get("status") == 200
+    seconds = len(b"".join(chunks)) / 2 / SAMPLE_RATE
+    # Twenty sentences of about 2.6 s: a stream cut at SIGTERM would stop far short.
+    assert seconds > 20 * 1.5, f"{seconds:.1f} s of audio: the stream was cut off"
+    e2e_report["knative stream_after_sigterm_s"] = result["done"] - deleted
+    idle_since = time.time()
+    eventually("zero replicas once idle", lambda: at_zero(cluster), 300)
+    e2e_report["knative 1->0_s"] = time.time() - idle_since
