@@ -116,9 +116,13 @@ def _cluster(destination: Destination, upstreams: Mapping[str, str]) -> Obj:
     except KeyError:
         raise UntranslatableRule(f"no upstream given for {destination.host}") from None
     host, port = address.removeprefix("http://").rsplit(":", 1)
+    # An IP (a local predictor) or a name (a Service, where this Envoy runs as a pod): Istio feeds its
+    # sidecars endpoints over EDS; a lone Envoy resolves the Service's name instead.
+    kind = "STATIC" if host.replace(".", "").isdigit() else "STRICT_DNS"
     return {
         "name": destination.cluster,
-        "type": "STATIC",
+        "type": kind,
+        "dns_lookup_family": "V4_ONLY",
         "connect_timeout": "10s",  # Istio's default connectTimeout
         "load_assignment": {
             "cluster_name": destination.cluster,
@@ -159,9 +163,12 @@ def route_action(virtual_service: Obj) -> Obj:
     return action
 
 
-def bootstrap(virtual_service: Obj, upstreams: Mapping[str, str], port: int, admin_port: int) -> Obj:
-    """A whole Envoy bootstrap: a listener on 127.0.0.1:port routing as the VirtualService says, with
-    each destination host sent to the address `upstreams` gives it (e.g. http://127.0.0.1:8080)."""
+def bootstrap(
+    virtual_service: Obj, upstreams: Mapping[str, str], port: int, admin_port: int, address: str = "127.0.0.1"
+) -> Obj:
+    """A whole Envoy bootstrap: a listener on `address`:port routing as the VirtualService says, with
+    each destination host sent to the address `upstreams` gives it (http://127.0.0.1:8080, or a
+    Service's name and port)."""
     destinations = [route_destination(virtual_service), *(m.destination for m in mirrors(virtual_service))]
     clusters = {d.cluster: _cluster(d, upstreams) for d in destinations}
     manager = {
@@ -187,7 +194,7 @@ def bootstrap(virtual_service: Obj, upstreams: Mapping[str, str], port: int, adm
             "listeners": [
                 {
                     "name": "tts",
-                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                    "address": {"socket_address": {"address": address, "port_value": port}},
                     "filter_chains": [
                         {
                             "filters": [

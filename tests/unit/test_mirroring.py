@@ -101,3 +101,22 @@ def test_every_destination_needs_an_upstream_address():
     assert sorted(ports.values()) == [8001, 8002]
     with pytest.raises(mirroring.UntranslatableRule, match="tts-canary-predictor"):
         mirroring.bootstrap(service, {gateway: "http://127.0.0.1:8001"}, 9000, 9001)
+
+
+def test_a_service_name_upstream_is_resolved_by_dns_and_an_address_is_static():
+    service = shipped("knative/overlays/cpu")
+    gateway = mirroring.route_destination(service).host
+    upstreams = {
+        gateway: "kourier-internal.kourier-system.svc.cluster.local:80",
+        "tts-canary-predictor.tts.svc.cluster.local": "http://127.0.0.1:8002",
+    }
+
+    config = mirroring.bootstrap(service, upstreams, 8080, 9901, address="0.0.0.0")
+
+    kinds = {c["name"]: c["type"] for c in config["static_resources"]["clusters"]}
+    assert kinds == {
+        f"outbound|80||{gateway}": "STRICT_DNS",
+        "outbound|80||tts-canary-predictor.tts.svc.cluster.local": "STATIC",
+    }
+    listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert listener == {"address": "0.0.0.0", "port_value": 8080}
