@@ -35,11 +35,13 @@ SERVICE = "tts-predictor"  # the Knative Service KServe makes for InferenceServi
 CONTAINER_CONCURRENCY = 3  # knative/overlays/cpu
 
 
+def _revision(cluster) -> str:
+    """The revision serving now (earlier runs of test_knative_timeout leave older ones behind)."""
+    return (cluster.get("-n", NAMESPACE, "ksvc", SERVICE) or {})["status"]["latestReadyRevisionName"]
+
+
 def _sks(cluster) -> dict[str, Any]:
-    (revision,) = (
-        cluster.get("-n", NAMESPACE, "revision", "-l", f"serving.knative.dev/service={SERVICE}") or {}
-    )["items"]
-    return cluster.get("-n", NAMESPACE, "serverlessservice", revision["metadata"]["name"]) or {}
+    return cluster.get("-n", NAMESPACE, "serverlessservice", _revision(cluster)) or {}
 
 
 def test_knative_the_inferenceservice_is_ready_through_its_route_and_kourier_then_at_zero(cluster, knative):
@@ -104,10 +106,7 @@ def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_con
     in_flight: list[float] = []  # the predictor's own gauge, sampled on every ready pod
     desired: list[tuple[float, int]] = []  # (seconds into the burst, the PodAutoscaler's desiredScale)
     stop = threading.Event()
-    (revision,) = (
-        cluster.get("-n", NAMESPACE, "revision", "-l", f"serving.knative.dev/service={SERVICE}") or {}
-    )["items"]
-    kpa_name = revision["metadata"]["name"]
+    kpa_name = _revision(cluster)
 
     def caller() -> None:
         with httpx.Client(timeout=120) as client:
