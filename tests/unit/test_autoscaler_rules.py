@@ -10,10 +10,11 @@ tolerance change it, so the case fails if the model loses its tolerance.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tts_ops.simulate import hpa, keda, pods, settings
+from tts_ops.simulate import hpa, keda, pods, profile, settings, simulator, trace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,3 +136,44 @@ def test_the_manifests_startup_probe_period_reaches_the_simulator():
 
     assert values["pod.startup_period_s"] == 1.0
     assert values["pod.readiness_period_s"] == 1.0
+
+
+def _knative_run(times: list[float], chars: list[int], **overrides: Any) -> dict[str, Any]:
+    _flavour, values = settings.from_manifests(ROOT / "knative" / "overlays" / "cpu")
+    values.update({"replicas.start": 1, "replicas.min": 1, "replicas.max": 1, **overrides})
+    prof = profile.Profile(base_s=0.0, per_char_s=0.1, cold_start_s=1.0, phases_s={})
+    return simulator.simulate("knative", values, prof, trace.Trace(times, chars, "test")).summary()
+
+
+def test_knative_ends_a_request_at_the_revision_timeout_and_no_latency_exceeds_it():
+    # The finding: a burst far beyond the pods predicted a p99 of 3,791 s on a revision whose
+    # timeout is 60 s. The activator answers 504 at the timeout instead (tests/e2e/test_knative_timeout.py).
+    times = [i * 0.05 for i in range(2000)]  # 20 per second for 100 s, one pod of 1 per 10 s
+    summary = _knative_run(times, [100] * len(times), **{"kpa.revision_timeout_s": 60.0})
+
+    assert summary["latency_max_s"] <= 60.0
+    assert summary["completed"] + summary["timed_out"] + summary["rejected"] == summary["requests"]
+    assert summary["timed_out"] > 1000
+
+
+def test_a_timed_out_synthesis_keeps_its_pod_busy_until_the_engine_call_ends():
+    # One pod, one request at a time: the first (10 s of synthesis) times out at 3 s but the engine
+    # finishes it; the second (1 s), sent at 0.5 s, starts only then, as measured on the cluster
+    # (a 504 at 3.04 s, the pod serving again 8.9 s later).
+    summary = _knative_run(
+        [0.0, 0.5], [100, 10], **{"kpa.revision_timeout_s": 30.0, "kpa.container_concurrency": 1}
+    )
+    assert summary["timed_out"] == 0 and summary["latency_max_s"] == pytest.approx(10.5)
+
+    summary = _knative_run(
+        [0.0, 0.5], [100, 10], **{"kpa.revision_timeout_s": 3.0, "kpa.container_concurrency": 1}
+    )
+    # The second waited for the abandoned first until 10 s: past its own timeout too.
+    assert summary["timed_out"] == 2 and summary["completed"] == 0
+
+    # Timed out at 8 s, the first still holds the engine until 10 s: the second, sent at 5 s, answers
+    # at 11 s (6 s), not at 9 s as it would if the abandoned work stopped at the timeout.
+    summary = _knative_run(
+        [0.0, 5.0], [100, 10], **{"kpa.revision_timeout_s": 8.0, "kpa.container_concurrency": 1}
+    )
+    assert summary["timed_out"] == 1 and summary["latency_max_s"] == pytest.approx(6.0)

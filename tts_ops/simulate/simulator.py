@@ -1,6 +1,12 @@
 """The event loop: requests arrive, are held (activator / interceptor / Kafka) or queue at a pod, are
 synthesized one at a time per pod; controllers tick and start or drain pods.
 
+Knative's revision timeout ends a request `timeout` seconds after the activator received it, with 504
+(measured on the cluster: tests/e2e/test_knative_timeout.py): held by the activator or queued at its
+pod, it is dropped (the predictor cancels a request whose client has gone before its engine call); in
+synthesis, the engine finishes that call for nobody (the v2 route makes one call per text), so the pod
+stays busy until then. A timed-out request has no latency: it counts in `timed_out`.
+
 Simplifications, each on the side of the autoscaler under study rather than the predictor:
 requests go to the least-loaded ready pod (Knative's activator balances so; Kubernetes Services pick
 at random); network hops cost nothing; a pod removed by a scale-down finishes its queue (the drain)
@@ -20,7 +26,7 @@ from tts_ops.simulate.pods import Pod, PodTiming
 from tts_ops.simulate.profile import Profile
 from tts_ops.simulate.trace import Trace
 
-_COMPLETE, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE = range(6)
+_COMPLETE, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT = range(7)
 
 
 @dataclass
@@ -99,6 +105,8 @@ class Simulation:
         self.kafka: deque[int] = deque()  # undelivered CloudEvents
         self.is_event = [False] * n
         self.forwarded = [0.0] * n  # when each request reached its pod
+        self.abandoned = [False] * n  # answered 504 by Knative while its pod still synthesizes it
+        self.done = [False] * n
         self.cold_waits = self.rejected = self.timed_out = self.pod_starts = self.max_replicas = 0
         self.in_system = 0
         self.alive = 0
@@ -178,6 +186,7 @@ class Simulation:
         return best
 
     def _reject(self, i: int) -> None:
+        self.done[i] = True
         self.rejected += 1
         self.in_system -= 1
 
@@ -211,6 +220,8 @@ class Simulation:
     def _arrive(self, i: int) -> None:
         self.in_system += 1
         self.arrivals_count += 1
+        if self.flavour == "knative":
+            self._push(self.now + self.v["kpa.revision_timeout_s"], _TIMEOUT, i)
         pod = self._least_loaded()
         if self.flavour == "keda" and not self.is_event[i]:
             # The add-on's scaler streams the interceptor's activity to KEDA (external-push), so
@@ -234,16 +245,35 @@ class Simulation:
         if not self._active_pods():
             self._activate()
 
-    def _complete(self, pod: Pod, i: int) -> None:
+    def _time_out(self, i: int) -> None:
+        """Knative's revision timeout for request i (see the module docstring), if it is still open."""
+        if self.done[i]:
+            return
+        self.done[i] = True
+        self.timed_out += 1
         self.in_system -= 1
-        lat = self.now - self.trace.times[i]
-        keda_http = self.flavour == "keda" and not self.is_event[i]
-        if keda_http and self.now - self.forwarded[i] > self.v["keda.http.response_header_timeout_s"]:
-            self.rejected += 1  # the interceptor stopped waiting for the headers: 502, work wasted
-        else:
-            self.latency[i] = lat
-            if self.flavour == "knative" and lat > self.v["kpa.revision_timeout_s"]:
-                self.timed_out += 1
+        if i in self.held:
+            self.held.remove(i)
+            return
+        for pod in self.pods:
+            if i in pod.queue:
+                pod.queue.remove(i)
+                if pod.state == "draining" and not pod.busy and not pod.queue:
+                    self._gone(pod)
+                self._dispatch()
+                return
+        self.abandoned[i] = True  # in synthesis: the pod finishes the engine call
+
+    def _complete(self, pod: Pod, i: int) -> None:
+        if not self.abandoned[i]:
+            self.done[i] = True
+            self.in_system -= 1
+            lat = self.now - self.trace.times[i]
+            keda_http = self.flavour == "keda" and not self.is_event[i]
+            if keda_http and self.now - self.forwarded[i] > self.v["keda.http.response_header_timeout_s"]:
+                self.rejected += 1  # the interceptor stopped waiting for the headers: 502, work wasted
+            else:
+                self.latency[i] = lat
         pod.busy = False
         # The predictor drops requests still queued after REQUEST_TIMEOUT_S (503).
         while pod.queue and self.now - self.forwarded[pod.queue[0]] > self.v["pod.request_timeout_s"]:
@@ -413,6 +443,8 @@ class Simulation:
             elif kind == _SAMPLE:
                 self._sample()
                 self._push(t + sample_s, _SAMPLE)
+            elif kind == _TIMEOUT:
+                self._time_out(data)
         # Whatever is still held at the end never got an answer.
         for _ in range(len(self.held) + len(self.kafka)):
             self.rejected += 1
