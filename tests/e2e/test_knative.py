@@ -103,6 +103,7 @@ def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_con
     # the 6-second panic window sees before the stable one).
     clients, deadline_s = 12, 150.0
     answers: list[int] = []
+    sends: list[float] = []  # when each request left, for the simulator's replay (test_knative_simulator)
     in_flight: list[float] = []  # the predictor's own gauge, sampled on every ready pod
     desired: list[tuple[float, int]] = []  # (seconds into the burst, the PodAutoscaler's desiredScale)
     stop = threading.Event()
@@ -111,6 +112,7 @@ def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_con
     def caller() -> None:
         with httpx.Client(timeout=120) as client:
             while not stop.is_set():
+                sends.append(time.time() - started)
                 response = client.post(
                     knative.url + INFER.format(model_name="tts"),
                     headers={"Host": knative.host},
@@ -139,6 +141,12 @@ def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_con
             deadline_s,
         )
         scaled_out = time.time() - started
+        # The cold start of the pods the burst started, beside a busy one (test_simulator says why).
+        started_under_load = [
+            cluster.model_ready(NAMESPACE, p["metadata"]["name"])["cold_start_s"]
+            for p in stable_pods(cluster)
+            if ready(p) and timestamp(p["metadata"]["creationTimestamp"]) >= started - 1
+        ]
     finally:
         stop.set()
         for t in threads:
@@ -161,8 +169,10 @@ def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_con
         "first_desired_above_one_s": next((t for t, n in desired if n > 1), None),
         "max_desired": max((n for _, n in desired), default=0),
         "max_in_flight_at_a_pod": max(in_flight),
+        "cold_start_under_load_s": started_under_load,
         "answers": {str(c): answers.count(c) for c in sorted(set(answers))},
     }
+    e2e_report["knative 1->N trace"] = {"t": sorted(sends), "chars": len(SENTENCE)}
 
 
 def test_knative_a_stream_in_flight_on_a_pod_being_removed_completes_then_back_to_zero(
