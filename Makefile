@@ -145,7 +145,8 @@ cluster-down:
 	$(BIN)/python -m cluster.node down
 
 # A flavour's e2e overlay on that cluster (cluster/deploy.py: our image, the voice store and Prometheus
-# on the node); waits until the predictor is at zero; prints URL=... and HOST=... last.
+# on the node; FLAVOUR=knative first installs Knative Serving, Kourier and Eventing, cluster/knative.py);
+# waits until the predictor is at zero; prints URL=... and HOST=... last.
 FLAVOUR ?= keda
 cluster-deploy: cluster system-packages
 	$(BIN)/python -m cluster.deploy $(FLAVOUR)
