@@ -283,3 +283,18 @@ def test_profile_command_writes_no_file_when_loaded_and_a_forced_one_with_force(
     assert forced == 0
     written = profile.load(out)
     assert written.forced is True and written.load_average == (10.8, 14.9) and written.cores == 2
+
+
+def test_a_written_profile_is_readable_as_the_umask_allows_and_every_shipped_one_is(tmp_path):
+    # mkstemp's 0600 once made a re-measured shipped profile readable by its writer only.
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "p.json"
+        profile.write(profile.load(PROFILES / "cpu-2core-onnx.json"), out)
+    finally:
+        os.umask(old)
+
+    assert out.stat().st_mode & 0o777 == 0o644
+    assert profile.load(out) == profile.load(PROFILES / "cpu-2core-onnx.json")
+    for shipped in PROFILES.glob("*.json"):
+        assert shipped.stat().st_mode & 0o044 == 0o044, shipped

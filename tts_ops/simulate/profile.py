@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import statistics
-import tempfile
 import time
 import typing
 from collections.abc import Callable
@@ -296,10 +295,8 @@ def measure(
 
 
 def write(profile: Profile, out: Path) -> None:
-    """Atomically: a reader never sees half a profile."""
-    out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent or ".")
-    with os.fdopen(fd, "w") as f:
-        json.dump(profile.to_json(), f, indent=2)
-        f.write("\n")
-    os.replace(tmp, out)
+    """Atomically: a reader never sees half a profile. With the umask's mode (mkstemp's 0600 made a
+    shipped profile unreadable to anyone but its writer)."""
+    from predictor.storage.files import atomic_write_bytes
+
+    atomic_write_bytes(Path(out), (json.dumps(profile.to_json(), indent=2) + "\n").encode())
