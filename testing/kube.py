@@ -140,3 +140,72 @@ def port_forward(cluster: Cluster, namespace: str, pod: str, port: int) -> Itera
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+SAMPLE_RATE = 22050  # the default voice's
+INFER = "/v2/models/{model_name}/infer"
+
+
+def wake_from_zero(cluster: Cluster, infer: Callable[[str], Any], text: str) -> dict[str, Any]:
+    """One request at zero through a flavour's path (`infer(text)` -> its response), checked as both
+    flavours' 0 -> 1 tests check it: 200 with real speech, one pod woken, and that pod's only inference
+    ours, answered 200 and never refused 503 (the interceptor or the activator held it until the pod
+    was ready). Returns the timeline in seconds from the send, with the pod's cold start and phases."""
+    from testing.audio import speech_problems
+    from testing.bodies import audio_of
+    from testing.predictor import metric_in
+
+    assert at_zero(cluster), "not at zero before the first request"
+    sent = time.time()
+    response = infer(text)
+    answered = time.time()
+
+    assert response.status_code == 200, response.text[:500]
+    audio = audio_of(response.json())
+    seconds = len(audio) / SAMPLE_RATE
+    assert 1.5 < seconds < 5.0, f"{seconds:.2f} s of audio for {len(text)} characters"
+    assert speech_problems(audio, SAMPLE_RATE, seconds) == []
+    (pod,) = stable_pods(cluster)
+    name = pod["metadata"]["name"]
+    exposition = cluster.pod_metrics(NAMESPACE, name)
+    assert metric_in(exposition, "tts_requests_total", route=INFER, code="200") == 1
+    assert metric_in(exposition, "tts_request_errors_total", route=INFER, code="503") == 0
+    return timeline(pod, sent, answered, cluster.model_ready(NAMESPACE, name))
+
+
+def timeline(pod: dict[str, Any], sent: float, answered: float, ready_line: dict[str, Any]) -> dict[str, Any]:
+    """A woken pod's steps in seconds from `sent` (Kubernetes timestamps have whole seconds)."""
+    (container,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == "kserve-container"]
+    created = timestamp(pod["metadata"]["creationTimestamp"])
+    steps = {
+        "pod_created_s": created - sent,
+        "scheduled_s": (condition_time(pod, "PodScheduled") or created) - sent,
+        "container_started_s": timestamp(container["state"]["running"]["startedAt"]) - sent,
+        "ready_s": (condition_time(pod, "Ready") or answered) - sent,
+        "answered_s": answered - sent,
+        "predictor_cold_start_s": ready_line["cold_start_s"],
+        "predictor_phases_s": ready_line["phases_s"],
+    }
+    # Whole-second timestamps: allow one either side.
+    assert steps["pod_created_s"] <= steps["ready_s"] + 1 <= steps["answered_s"] + 2, steps
+    return steps
+
+
+def one_container_deployment(
+    name: str, container: dict[str, Any], volumes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A Deployment of one pod with one container, labelled app=<name>, in the flavours' namespace
+    (the e2e tests' own helpers: an event sink, an Envoy)."""
+    labels = {"app": name}
+    spec: dict[str, Any] = {"containers": [container]}
+    if volumes:
+        spec["volumes"] = volumes
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        },
+    }

@@ -14,23 +14,22 @@ from typing import Any
 
 import httpx
 
-from testing.audio import speech_problems
-from testing.bodies import audio_of, speech_request, v2_request
+from testing.bodies import speech_request, v2_request
 from testing.kube import (
+    INFER,
     NAMESPACE,
+    SAMPLE_RATE,
     at_zero,
-    condition_time,
     condition_true,
     eventually,
     ready,
     stable_pods,
     timestamp,
+    wake_from_zero,
 )
 from testing.predictor import metric_in
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
-INFER = "/v2/models/{model_name}/infer"
-SAMPLE_RATE = 22050  # the default voice's
 SERVICE = "tts-predictor"  # the Knative Service KServe makes for InferenceService tts
 CONTAINER_CONCURRENCY = 3  # knative/overlays/cpu
 
@@ -63,37 +62,11 @@ def test_knative_the_inferenceservice_is_ready_through_its_route_and_kourier_the
 def test_knative_a_request_at_zero_is_held_by_the_activator_and_answered_with_real_speech(
     cluster, knative, e2e_report
 ):
-    assert at_zero(cluster), "not at zero before the first request"
-    sent = time.time()
-    response = knative.infer(SENTENCE, timeout=180)
-    answered = time.time()
-
-    assert response.status_code == 200, response.text[:500]
-    audio = audio_of(response.json())
-    seconds = len(audio) / SAMPLE_RATE
-    assert 1.5 < seconds < 5.0, f"{seconds:.2f} s of audio for a 44-character sentence"
-    assert speech_problems(audio, SAMPLE_RATE, seconds) == []
-    (pod,) = stable_pods(cluster)
-    name = pod["metadata"]["name"]
-    exposition = cluster.pod_metrics(NAMESPACE, name)
     # The activator held the request until the pod was ready: the pod saw one inference, answered
     # 200, and never refused one as not ready (503).
-    assert metric_in(exposition, "tts_requests_total", route=INFER, code="200") == 1
-    assert metric_in(exposition, "tts_request_errors_total", route=INFER, code="503") == 0
-    started = next(s for s in pod["status"]["containerStatuses"] if s["name"] == "kserve-container")
-    ready_line = cluster.model_ready(NAMESPACE, name)
-    created = timestamp(pod["metadata"]["creationTimestamp"])
-    timeline = {
-        "pod_created_s": created - sent,
-        "scheduled_s": (condition_time(pod, "PodScheduled") or created) - sent,
-        "container_started_s": timestamp(started["state"]["running"]["startedAt"]) - sent,
-        "ready_s": (condition_time(pod, "Ready") or answered) - sent,
-        "answered_s": answered - sent,
-        "predictor_cold_start_s": ready_line["cold_start_s"],
-        "predictor_phases_s": ready_line["phases_s"],
-    }
-    e2e_report["knative 0->1"] = timeline
-    assert timeline["pod_created_s"] <= timeline["ready_s"] + 1 <= timeline["answered_s"] + 2, timeline
+    e2e_report["knative 0->1"] = wake_from_zero(
+        cluster, lambda text: knative.infer(text, timeout=180), SENTENCE
+    )
 
 
 def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_concurrency_holds(

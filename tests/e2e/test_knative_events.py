@@ -18,7 +18,16 @@ import httpx
 import pytest
 
 from testing.bodies import cloudevent_headers
-from testing.kube import NAMESPACE, at_zero, condition_true, eventually, port_forward, stable_pods, timestamp
+from testing.kube import (
+    NAMESPACE,
+    at_zero,
+    condition_true,
+    eventually,
+    one_container_deployment,
+    port_forward,
+    stable_pods,
+    timestamp,
+)
 from testing.predictor import metric_in
 
 REQUEST_TYPE = "dev.tts-predictor.synthesize.v1"
@@ -46,30 +55,18 @@ def _sink_objects() -> list[dict[str, Any]]:
     labels = {"app": SINK}
     sink_ref = {"ref": {"apiVersion": "v1", "kind": "Service", "name": SINK}}
     return [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": SINK, "namespace": NAMESPACE},
-            "spec": {
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "sink",
-                                "image": "dev.local/tts-predictor:e2e",
-                                "imagePullPolicy": "Never",
-                                "command": ["python", "-c", SINK_CODE],
-                                "ports": [{"containerPort": 8080}],
-                                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
-                            }
-                        ]
-                    },
-                },
+        one_container_deployment(
+            SINK,
+            {
+                "name": "sink",
+                "image": "dev.local/tts-predictor:e2e",
+                "imagePullPolicy": "Never",
+                "command": ["python", "-c", SINK_CODE],
+                "ports": [{"containerPort": 8080}],
+                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
             },
-        },
+        ),
         {
             "apiVersion": "v1",
             "kind": "Service",

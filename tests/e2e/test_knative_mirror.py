@@ -11,7 +11,6 @@ for a canary deployed with a deliberately wrong setting (DEFAULT_LENGTH_SCALE=1.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import uuid
@@ -21,8 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from testing import binomial
 from testing.bodies import v2_request
-from testing.kube import NAMESPACE, eventually, port_forward, ready
+from testing.kube import NAMESPACE, eventually, one_container_deployment, port_forward, ready
 from testing.predictor import metric_in, run_cli
 from tts_ops import compare, kustomize, mirroring
 
@@ -53,7 +53,6 @@ def _objects() -> list[dict[str, Any]]:
         mirror.destination.host: f"{mirror.destination.host}:{mirror.destination.port}",
     }
     config = mirroring.bootstrap(service, upstreams, 8080, 9901, address="0.0.0.0")
-    labels = {"app": MIRROR}
     return [
         {
             "apiVersion": "v1",
@@ -61,54 +60,24 @@ def _objects() -> list[dict[str, Any]]:
             "metadata": {"name": MIRROR, "namespace": NAMESPACE},
             "data": {"envoy.json": json.dumps(config, indent=1)},
         },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": MIRROR, "namespace": NAMESPACE},
-            "spec": {
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "envoy",
-                                "image": envoy_image(),
-                                "imagePullPolicy": "Never",
-                                "args": [
-                                    "-c",
-                                    "/etc/envoy/envoy.json",
-                                    "--concurrency",
-                                    "1",
-                                    "--log-level",
-                                    "warn",
-                                ],
-                                "ports": [{"containerPort": 8080}],
-                                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-                                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
-                                "volumeMounts": [
-                                    {"name": "config", "mountPath": "/etc/envoy"},
-                                    {"name": "tmp", "mountPath": "/tmp"},
-                                ],
-                            }
-                        ],
-                        "volumes": [
-                            {"name": "config", "configMap": {"name": MIRROR}},
-                            {"name": "tmp", "emptyDir": {}},
-                        ],
-                    },
-                },
+        one_container_deployment(
+            MIRROR,
+            {
+                "name": "envoy",
+                "image": envoy_image(),
+                "imagePullPolicy": "Never",
+                "args": ["-c", "/etc/envoy/envoy.json", "--concurrency", "1", "--log-level", "warn"],
+                "ports": [{"containerPort": 8080}],
+                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+                "volumeMounts": [
+                    {"name": "config", "mountPath": "/etc/envoy"},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                ],
             },
-        },
+            volumes=[{"name": "config", "configMap": {"name": MIRROR}}, {"name": "tmp", "emptyDir": {}}],
+        ),
     ]
-
-
-def binomial_range(n: int, p: float, tail: float = 1e-4) -> tuple[int, int]:
-    """The counts k with P(X < k) >= tail and P(X > k) >= tail for X ~ Binomial(n, p)."""
-    pmf = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
-    low = next(k for k in range(n + 1) if sum(pmf[: k + 1]) >= tail)
-    high = next(k for k in range(n, -1, -1) if sum(pmf[k:]) >= tail)
-    return low, high
 
 
 def _canary_pod(cluster) -> str:
@@ -189,7 +158,7 @@ def _compare(stable: Path, canary: Path, share: float) -> Any:
     from testing.s3 import aws_env
 
     # Only the mirrored share of stable's requests can match: the floor is the share's binomial low.
-    low, _ = binomial_range(N, share)
+    low, _ = binomial.count_range(N, share)
     args = ["--min-match-rate", f"{max(low - 1, 1) / N:.3f}", *LOOSE_LATENCY, "--json"]
     return run_cli(
         "compare", "--stable", str(stable), "--canary", str(canary), *args,
@@ -216,7 +185,7 @@ def test_envoy_mirrors_the_shipped_share_and_an_identical_canary_passes_compare(
     ids = _send(mirror, batch)
     copies = _settled(cluster) - before
 
-    low, high = binomial_range(N, share)
+    low, high = binomial.count_range(N, share)
     assert low <= copies <= high, (copies, (low, high), share)
     stable = _wait_records("s3://tts-shadow/stable", batch, N, tmp_path)
     canary = _wait_records("s3://tts-shadow/canary", batch, int(copies), tmp_path)

@@ -19,37 +19,26 @@ from typing import Any
 
 import pytest
 
-from testing.kube import NAMESPACE, Cluster, port_forward, ready
+from testing.kube import Cluster
+from testing.prediction import TOLERANCE, canary_profile, figures, simulate_overlay, within
 from tts_ops.simulate import profile as profiles
-from tts_ops.simulate import settings, simulator, trace
+from tts_ops.simulate import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "keda" / "overlays" / "e2e"
-TOLERANCE = 0.25
 
 
 @pytest.fixture(scope="module")
-def cluster_profile(cluster: Cluster) -> profiles.Profile:
-    canary = [p for p in cluster.pods(NAMESPACE, "serving.kserve.io/inferenceservice=tts-canary") if ready(p)]
-    assert canary, "no ready canary pod to profile"
-    with port_forward(cluster, NAMESPACE, canary[0]["metadata"]["name"], 8080) as url:
-        return profiles.measure(url, repeats=1, lengths=(20, 80, 160))
+def cluster_profile(cluster: Cluster, keda) -> profiles.Profile:
+    return canary_profile(cluster)
 
 
 def _simulate(traffic: trace.Trace, prof: profiles.Profile, *overrides: str) -> dict[str, Any]:
-    flavour, values = settings.from_manifests(OVERLAY)
-    values = settings.apply_overrides(values, list(overrides))
-    return simulator.simulate(flavour, values, prof, traffic).summary()
+    return simulate_overlay(OVERLAY, traffic, prof, *overrides)
 
 
 def _figures(e2e_report: dict[str, Any], key: str) -> Any:
-    if key not in e2e_report:
-        pytest.skip(f"needs test_scaling's figures ({key}): run the whole of tests/e2e")
-    return e2e_report[key]
-
-
-def _within(predicted: float, measured: float) -> bool:
-    return abs(predicted - measured) <= TOLERANCE * measured
+    return figures(e2e_report, key, "test_scaling")
 
 
 def test_the_first_request_from_zero_is_predicted_within_25_percent(cluster_profile, e2e_report):
@@ -64,7 +53,7 @@ def test_the_first_request_from_zero_is_predicted_within_25_percent(cluster_prof
         "predicted_s": predicted["first_request_latency_s"],
         "cold_start_s (canary, the woken pod)": (cluster_profile.cold_start_s, woken.cold_start_s),
     }
-    assert _within(predicted["first_request_latency_s"], measured), e2e_report["simulator 0->1"]
+    assert within(predicted["first_request_latency_s"], measured), e2e_report["simulator 0->1"]
 
 
 def test_the_scale_out_under_load_is_predicted_within_25_percent(cluster_profile, e2e_report):
@@ -92,6 +81,6 @@ def test_the_scale_out_under_load_is_predicted_within_25_percent(cluster_profile
     off = {
         k: v
         for k, v in comparison.items()
-        if not k.startswith("cold") and (v[1] is None or not _within(v[1], v[0]))
+        if not k.startswith("cold") and (v[1] is None or not within(v[1], v[0]))
     }
     assert not off, f"the simulator is off by more than {TOLERANCE:.0%}: {off}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import re
 import subprocess
 import threading
@@ -32,7 +31,7 @@ from tritonclient.grpc import service_pb2_grpc as grpc_predict_v2_pb2_grpc
 from predictor.audio import fingerprint
 from predictor.observability import metrics
 from predictor.shadow import recorder as recording
-from testing import envoy
+from testing import binomial, envoy
 from testing.bodies import v1_request, v2_grpc_request, v2_request
 from testing.polling import wait_until
 from testing.ports import free_port
@@ -538,14 +537,6 @@ def test_canary_with_injected_latency_fails_naming_latency(mirrored, tmp_path):
 N_SHARE = 240
 
 
-def binomial_range(n: int, p: float, tail: float = 1e-4) -> tuple[int, int]:
-    """The counts k with P(X < k) >= tail and P(X > k) >= tail for X ~ Binomial(n, p)."""
-    pmf = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
-    low = next(k for k in range(n + 1) if sum(pmf[: k + 1]) >= tail)
-    high = next(k for k in range(n, -1, -1) if sum(pmf[k:]) >= tail)
-    return low, high
-
-
 def test_envoy_mirrors_the_shipped_share_of_requests_to_the_canary(start_predictor, tmp_path):
     # The shipped rule unchanged: Envoy samples each request independently, so the canary's count is
     # binomial. A share translated per hundred instead of per million (or not at all) lands far outside.
@@ -572,7 +563,7 @@ def test_envoy_mirrors_the_shipped_share_of_requests_to_the_canary(start_predict
         )
         copies = envoy.stats(admin)[stat + "completed"]
 
-    low, high = binomial_range(N_SHARE, mirror.percent / 100)
+    low, high = binomial.count_range(N_SHARE, mirror.percent / 100)
     assert synth_requests(stable) == N_SHARE
     assert synth_requests(canary) == copies, "every mirrored request reached the canary and was answered"
     assert low <= copies <= high, (copies, (low, high), mirror.percent)

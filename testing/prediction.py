@@ -1,0 +1,43 @@
+"""The simulator set against what the cluster just did, for both flavours (tests/e2e/test_simulator.py,
+test_knative_simulator.py): a profile measured on the canary pod, one run of an e2e overlay's settings,
+and the 25 % the predictions must land within."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from testing.kube import NAMESPACE, Cluster, port_forward, ready
+
+TOLERANCE = 0.25
+
+
+def canary_profile(cluster: Cluster) -> Any:
+    """A profile measured on the flavour's canary pod (same image, same limits as the stable's)."""
+    from tts_ops.simulate import profile
+
+    canary = [p for p in cluster.pods(NAMESPACE, "serving.kserve.io/inferenceservice=tts-canary") if ready(p)]
+    assert canary, "no ready canary pod to profile"
+    with port_forward(cluster, NAMESPACE, canary[0]["metadata"]["name"], 8080) as url:
+        return profile.measure(url, repeats=1, lengths=(20, 80, 160))
+
+
+def simulate_overlay(overlay: Path, traffic: Any, prof: Any, *overrides: str) -> dict[str, Any]:
+    from tts_ops.simulate import settings, simulator
+
+    flavour, values = settings.from_manifests(overlay)
+    values = settings.apply_overrides(values, list(overrides))
+    return simulator.simulate(flavour, values, prof, traffic).summary()
+
+
+def figures(e2e_report: dict[str, Any], key: str, producer: str) -> Any:
+    """What `producer` measured and put in the e2e report; the test is skipped without it."""
+    import pytest
+
+    if key not in e2e_report:
+        pytest.skip(f"needs {producer}'s figures ({key}): run the whole of tests/e2e")
+    return e2e_report[key]
+
+
+def within(predicted: float, measured: float) -> bool:
+    return abs(predicted - measured) <= TOLERANCE * measured
