@@ -209,3 +209,55 @@ def one_container_deployment(
             "template": {"metadata": {"labels": labels}, "spec": spec},
         },
     }
+
+
+def stream_while_its_pod_is_deleted(cluster: Cluster, url: str, host: str, text: str) -> dict[str, float]:
+    """A streamed speech request through a flavour's path whose pod is deleted once audio flows.
+
+    Scale-down and `kubectl delete pod` end a pod the same way (SIGTERM, then the grace period), so
+    deleting the pod serving the stream (the ready one with a request in flight) tests the drain
+    where it matters. Returns the HTTP status, the seconds of audio received and how long after the
+    delete the stream ended."""
+    import threading
+
+    import httpx
+
+    from testing.bodies import speech_request
+    from testing.predictor import metric_in
+
+    chunks: list[bytes] = []
+    result: dict[str, float] = {}
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST",
+            url + "/v1/audio/speech",
+            headers={"Host": host},
+            json=speech_request(text, stream=True),
+            timeout=300,
+        ) as response:
+            result["status"] = response.status_code
+            for chunk in response.iter_raw():
+                chunks.append(chunk)
+        result["done"] = time.time()
+
+    def streaming_pod() -> str | None:
+        for pod in stable_pods(cluster):
+            name = pod["metadata"]["name"]
+            if ready(pod) and metric_in(cluster.pod_metrics(NAMESPACE, name), "tts_in_flight_requests") >= 1:
+                return name
+        return None
+
+    caller = threading.Thread(target=stream)
+    caller.start()
+    eventually("the stream's first audio", lambda: chunks, 180)
+    name = eventually("the pod serving the stream", streaming_pod, 30)
+    deleted = time.time()
+    out = cluster.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
+    assert out.returncode == 0, out.stderr
+    caller.join(300)
+    return {
+        "status": result.get("status", 0),
+        "audio_s": len(b"".join(chunks)) / 2 / SAMPLE_RATE,
+        "after_delete_s": result.get("done", float("nan")) - deleted,
+    }

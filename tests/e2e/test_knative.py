@@ -14,16 +14,16 @@ from typing import Any
 
 import httpx
 
-from testing.bodies import speech_request, v2_request
+from testing.bodies import v2_request
 from testing.kube import (
     INFER,
     NAMESPACE,
-    SAMPLE_RATE,
     at_zero,
     condition_true,
     eventually,
     ready,
     stable_pods,
+    stream_while_its_pod_is_deleted,
     timestamp,
     wake_from_zero,
 )
@@ -154,45 +154,12 @@ def test_knative_a_stream_in_flight_on_a_pod_being_removed_completes_then_back_t
     # Right after the burst several pods are up and KPA is scaling them down. Scale-down and `kubectl
     # delete pod` end a pod the same way (SIGTERM to queue-proxy and the predictor, the grace period),
     # so the pod serving the stream is deleted: queue-proxy's drain and ours must let it finish.
-    text = " ".join([SENTENCE] * 20)
-    chunks: list[bytes] = []
-    result: dict[str, Any] = {}
+    streamed = stream_while_its_pod_is_deleted(cluster, knative.url, knative.host, " ".join([SENTENCE] * 20))
 
-    def stream() -> None:
-        with httpx.stream(
-            "POST",
-            knative.url + "/v1/audio/speech",
-            headers={"Host": knative.host},
-            json=speech_request(text, stream=True),
-            timeout=300,
-        ) as response:
-            result["status"] = response.status_code
-            for chunk in response.iter_raw():
-                chunks.append(chunk)
-        result["done"] = time.time()
-
-    caller = threading.Thread(target=stream)
-    caller.start()
-    eventually("the stream's first audio", lambda: chunks, 180)
-
-    def streaming_pod() -> str | None:
-        for pod in stable_pods(cluster):
-            name = pod["metadata"]["name"]
-            if ready(pod) and metric_in(cluster.pod_metrics(NAMESPACE, name), "tts_in_flight_requests") >= 1:
-                return name
-        return None
-
-    name = eventually("the pod serving the stream", streaming_pod, 30)
-    deleted = time.time()
-    out = cluster.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
-    assert out.returncode == 0, out.stderr
-    caller.join(300)
-
-    assert result.get("status") == 200
-    seconds = len(b"".join(chunks)) / 2 / SAMPLE_RATE
+    assert streamed["status"] == 200
     # Twenty sentences of about 2.6 s: a stream cut at SIGTERM would stop far short.
-    assert seconds > 20 * 1.5, f"{seconds:.1f} s of audio: the stream was cut off"
-    e2e_report["knative stream_after_sigterm_s"] = result["done"] - deleted
+    assert streamed["audio_s"] > 20 * 1.5, f"{streamed['audio_s']:.1f} s of audio: the stream was cut off"
+    e2e_report["knative stream_after_sigterm_s"] = streamed["after_delete_s"]
     idle_since = time.time()
     eventually("zero replicas once idle", lambda: at_zero(cluster), 300)
     e2e_report["knative 1->0_s"] = time.time() - idle_since

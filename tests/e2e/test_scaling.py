@@ -13,15 +13,15 @@ from typing import Any
 
 import httpx
 
-from testing.bodies import speech_request, v2_request
+from testing.bodies import v2_request
 from testing.kube import (
     NAMESPACE,
-    SAMPLE_RATE,
     STABLE_DEPLOYMENT,
     at_zero,
     eventually,
     ready,
     stable_pods,
+    stream_while_its_pod_is_deleted,
     timestamp,
     wake_from_zero,
 )
@@ -153,37 +153,10 @@ def test_idle_the_predictor_returns_to_zero(cluster, keda, e2e_report):
 
 
 def test_a_streamed_request_in_flight_when_its_pod_is_stopped_completes(cluster, keda, e2e_report):
-    # Scale-down and `kubectl delete pod` end a pod the same way: the kubelet sends SIGTERM and waits
-    # the grace period; the drain must let the stream finish. Deleting the pod makes it this one.
-    text = " ".join([SENTENCE] * 12)
-    chunks: list[bytes] = []
-    result: dict[str, Any] = {}
+    # The drain must let a stream finish (testing.kube.stream_while_its_pod_is_deleted says how).
+    streamed = stream_while_its_pod_is_deleted(cluster, keda.url, keda.host, " ".join([SENTENCE] * 12))
 
-    def stream() -> None:
-        with httpx.stream(
-            "POST",
-            keda.url + SPEECH,
-            headers={"Host": keda.host},
-            json=speech_request(text, stream=True),
-            timeout=180,
-        ) as response:
-            result["status"] = response.status_code
-            for chunk in response.iter_raw():
-                chunks.append(chunk)
-        result["done"] = time.time()
-
-    caller = threading.Thread(target=stream)
-    caller.start()
-    eventually("the stream's first audio", lambda: chunks, 180)
-    (pod,) = stable_pods(cluster)
-    deleted = time.time()
-    out = cluster.kubectl("-n", NAMESPACE, "delete", "pod", pod["metadata"]["name"], "--wait=false")
-    assert out.returncode == 0, out.stderr
-    caller.join(120)
-
-    assert result.get("status") == 200
-    pcm = b"".join(chunks)
-    seconds = len(pcm) / 2 / SAMPLE_RATE
+    assert streamed["status"] == 200
     # Twelve sentences of about 2.6 s: a stream cut at SIGTERM would stop far short.
-    assert seconds > 12 * 1.5, f"{seconds:.1f} s of audio: the stream was cut off"
-    e2e_report["stream_after_sigterm_s"] = result["done"] - deleted
+    assert streamed["audio_s"] > 12 * 1.5, f"{streamed['audio_s']:.1f} s of audio: the stream was cut off"
+    e2e_report["stream_after_sigterm_s"] = streamed["after_delete_s"]
