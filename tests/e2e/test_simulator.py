@@ -21,6 +21,7 @@ import pytest
 
 from testing.kube import Cluster
 from testing.prediction import TOLERANCE, canary_profile, figures, simulate_overlay, within
+from testing.prediction import off as prediction_off
 from tts_ops.simulate import profile as profiles
 from tts_ops.simulate import trace
 
@@ -78,9 +79,5 @@ def test_the_scale_out_under_load_is_predicted_within_25_percent(cluster_profile
         "second_replica_ready_s": (load["second_pod_ready_s"], predicted["second_replica_ready_s"]),
     }
     e2e_report["simulator 1->N (measured, predicted)"] = comparison
-    off = {
-        k: v
-        for k, v in comparison.items()
-        if not k.startswith("cold") and (v[1] is None or not within(v[1], v[0]))
-    }
+    off = prediction_off(comparison)
     assert not off, f"the simulator is off by more than {TOLERANCE:.0%}: {off}"
