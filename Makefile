@@ -7,7 +7,7 @@ S3_PORT  ?= 9000
 VOICE_URI ?= s3://voices/en_US-joe-medium
 
 .PHONY: install system-packages run test test-fast fuzz mos-reference bench overload load lint docs image base-image image-sizes \
-  manifests validate schemas cluster-packages cluster-build cluster cluster-deploy cluster-down e2e clean
+  manifests validate schemas autoscaling-table cluster-packages cluster-build cluster cluster-deploy cluster-down e2e clean
 
 install: $(VENV)/.installed
 
@@ -101,6 +101,11 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
+
+# The sweeps behind every shipped autoscaling value (tts_ops/simulate/tables.py), rewritten in
+# docs/deployment.md between its markers; tests/system/test_simulate.py fails when that table is stale.
+autoscaling-table: install
+	$(BIN)/tts-ops simulate-tables --doc docs/deployment.md
 
 # docs/settings.md, rendered from Settings (predictor/config.py); tests/unit/test_config.py fails when the
 # committed file differs from what this writes.

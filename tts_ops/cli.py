@@ -157,6 +157,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate_tables(args: argparse.Namespace) -> int:
+    """Print the sweeps table, or rewrite it in --doc between its markers; --check exits 1 when the
+    document's table is not what the sweeps give now."""
+    from tts_ops.simulate import tables
+    from tts_ops.simulate.errors import SimulateError
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        table = tables.markdown(root)
+    except SimulateError as exc:
+        print(f"tts-ops simulate-tables: {exc}", file=sys.stderr)
+        return 2
+    if not args.doc:
+        print(table)
+        return 0
+    doc = Path(args.doc)
+    if args.check:
+        if table not in doc.read_text():
+            print(
+                f"tts-ops simulate-tables: {doc}'s table is stale: run `make autoscaling-table`",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    print(f"{doc}: {'rewritten' if tables.rewrite(doc, table) else 'unchanged'}")
+    return 0
+
+
 def _shown(path: Path) -> str:
     """PATH relative to the working directory when under it (the shipped profiles from the repo root)."""
     try:
@@ -234,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--sweep", metavar="KEY=V1,V2,...", help="one run per value: p99 vs replica-seconds, Pareto front"
     )
 
+    p = sub.add_parser(
+        "simulate-tables",
+        help="the sweeps behind every shipped autoscaling value, as one markdown table",
+    )
+    p.add_argument("--doc", help="rewrite the table between its markers in this file (atomically)")
+    p.add_argument("--check", action="store_true", help="with --doc: exit 1 when its table is stale")
+
     # These two keep their own argument parsers (`python -m tts_ops.manifests`, `python -m tts_ops.image`).
     for name, text in (
         (
@@ -262,6 +297,7 @@ COMMANDS = {
     "compare": cmd_compare,
     "profile": cmd_profile,
     "simulate": cmd_simulate,
+    "simulate-tables": cmd_simulate_tables,
     "manifests": cmd_manifests,
     "image": cmd_image,
 }

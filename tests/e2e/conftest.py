@@ -73,6 +73,22 @@ def knative(cluster) -> Flavour:
     return Flavour(env["URL"], env["HOST"])
 
 
+@pytest.fixture(scope="session")
+def keda_profile(cluster, keda):
+    """A simulator profile measured on the keda flavour's canary pod (same image, same limits)."""
+    from testing.prediction import canary_profile
+
+    return canary_profile(cluster)
+
+
+@pytest.fixture(scope="session")
+def knative_profile(cluster, knative):
+    """The same on the knative flavour's canary pod."""
+    from testing.prediction import canary_profile
+
+    return canary_profile(cluster)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Both flavours deploy into namespace tts and deploying one removes the other: every test of the
     # knative flavour runs after every test of the keda flavour.

@@ -208,3 +208,73 @@ def test_an_event_delivered_twice_writes_its_audio_once(cluster, bus):
                 exposition, "tts_event_outputs_total", outcome=outcome
             )
     assert outcomes["written"] == 1 and outcomes["replayed"] + outcomes["joined"] == 1, outcomes
+
+
+def test_an_event_whose_output_store_is_down_is_retried_as_the_trigger_says_then_dead_lettered(
+    cluster, knative, bus
+):
+    # The shipped Trigger's policy (retry 10, exponential from 1 s: about 17 minutes) with its numbers
+    # made test-sized: 2 retries 1 s apart. Broken storage: the voice store's Service loses its one
+    # endpoint (kube-proxy then refuses connections to it), so the predictor's upload is refused (503 "storage unreachable; retry later", which
+    # Eventing retries, where the 403 above is not).
+    route = "/v1/models/{model_name}:predict"
+    trigger = cluster.get("-n", NAMESPACE, "trigger", "tts-synthesize")
+    shipped = trigger["spec"]["delivery"]
+    slice_name = "voice-store-node"
+    endpoints = cluster.get("-n", NAMESPACE, "endpointslice", slice_name)
+    assert endpoints is not None
+    # A pod up before storage goes: one at zero could not fetch its voice.
+    assert knative.infer("Awake before the store goes.").status_code == 200
+
+    def merge(kind: str, name: str, patch: dict[str, Any]) -> None:
+        out = cluster.kubectl("-n", NAMESPACE, "patch", kind, name, "--type=merge", "-p", json.dumps(patch))
+        assert out.returncode == 0, out.stderr
+
+    def refused() -> float:
+        return sum(
+            metric_in(cluster.pod_metrics(NAMESPACE, p["metadata"]["name"]), "tts_request_errors_total",
+                      route=route, code="503")
+            for p in stable_pods(cluster)
+        )  # fmt: skip
+
+    event_id = f"unstored-{uuid.uuid4().hex[:8]}"
+    data = {"text": "Storage is down.", "output": f"s3://tts-events/outputs/{event_id}.wav"}
+    try:
+        merge(
+            "trigger",
+            "tts-synthesize",
+            {"spec": {"delivery": {"retry": 2, "backoffPolicy": "linear", "backoffDelay": "PT1S"}}},
+        )
+        eventually(
+            "the Trigger's new delivery spec taken",
+            lambda: (t := cluster.get("-n", NAMESPACE, "trigger", "tts-synthesize") or {})
+            .get("status", {}).get("observedGeneration") == t["metadata"]["generation"] and condition_true(t, "Ready"),
+            60,
+        )  # fmt: skip
+        merge(
+            "endpointslice",
+            slice_name,
+            {"endpoints": [{"addresses": ["127.0.0.2"], "conditions": {"ready": False}}]},
+        )
+        before = refused()
+        sent = time.time()
+        assert bus(data, event_id).status_code == 202
+
+        def dead() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in _received(cluster)
+                if e["ce"].get("id") == event_id and e["ce"].get("type") == REQUEST_TYPE
+            ]
+
+        (letter,) = eventually("the event at the dead-letter sink", dead, 120)
+        attempts = refused() - before
+    finally:
+        merge("endpointslice", slice_name, {"endpoints": endpoints["endpoints"]})
+        merge("trigger", "tts-synthesize", {"spec": {"delivery": shipped}})
+
+    assert letter["ce"].get("knativeerrorcode") == "503", letter["ce"]
+    # The first delivery and the two retries, each refused by the predictor, then the dead letter.
+    assert attempts == 3, f"{attempts} deliveries reached the predictor; the Trigger says 1 + 2 retries"
+    assert letter["at"] - sent >= 2, "two retries 1 s apart cannot end sooner"
+    assert letter["data"] == data and not _reply_to(cluster, event_id)

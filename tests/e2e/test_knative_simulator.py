@@ -11,21 +11,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from testing.kube import Cluster
-from testing.prediction import TOLERANCE, canary_profile, figures, simulate_overlay, within
+from testing.prediction import TOLERANCE, figures, simulate_overlay, within
 from testing.prediction import off as prediction_off
 from tts_ops.simulate import profile as profiles
 from tts_ops.simulate import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "knative" / "overlays" / "e2e"
-
-
-@pytest.fixture(scope="module")
-def knative_profile(cluster: Cluster, knative) -> profiles.Profile:
-    return canary_profile(cluster)
 
 
 def _simulate(traffic: trace.Trace, prof: profiles.Profile) -> dict[str, Any]:

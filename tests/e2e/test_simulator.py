@@ -17,21 +17,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from testing.kube import Cluster
-from testing.prediction import TOLERANCE, canary_profile, figures, simulate_overlay, within
+from testing.prediction import TOLERANCE, figures, simulate_overlay, within
 from testing.prediction import off as prediction_off
 from tts_ops.simulate import profile as profiles
 from tts_ops.simulate import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "keda" / "overlays" / "e2e"
-
-
-@pytest.fixture(scope="module")
-def cluster_profile(cluster: Cluster, keda) -> profiles.Profile:
-    return canary_profile(cluster)
 
 
 def _simulate(traffic: trace.Trace, prof: profiles.Profile, *overrides: str) -> dict[str, Any]:
@@ -42,22 +34,22 @@ def _figures(e2e_report: dict[str, Any], key: str) -> Any:
     return figures(e2e_report, key, "test_scaling")
 
 
-def test_the_first_request_from_zero_is_predicted_within_25_percent(cluster_profile, e2e_report):
+def test_the_first_request_from_zero_is_predicted_within_25_percent(keda_profile, e2e_report):
     measured = _figures(e2e_report, "0->1")["answered_s"]
     chars = len("The quick brown fox jumps over the lazy dog.")
 
-    woken = dataclasses.replace(cluster_profile, cold_start_s=e2e_report["0->1"]["predictor_cold_start_s"])
+    woken = dataclasses.replace(keda_profile, cold_start_s=e2e_report["0->1"]["predictor_cold_start_s"])
     predicted = _simulate(trace.Trace([0.0], [chars], "one request at zero"), woken)
 
     e2e_report["simulator 0->1"] = {
         "measured_s": measured,
         "predicted_s": predicted["first_request_latency_s"],
-        "cold_start_s (canary, the woken pod)": (cluster_profile.cold_start_s, woken.cold_start_s),
+        "cold_start_s (canary, the woken pod)": (keda_profile.cold_start_s, woken.cold_start_s),
     }
     assert within(predicted["first_request_latency_s"], measured), e2e_report["simulator 0->1"]
 
 
-def test_the_scale_out_under_load_is_predicted_within_25_percent(cluster_profile, e2e_report):
+def test_the_scale_out_under_load_is_predicted_within_25_percent(keda_profile, e2e_report):
     load = _figures(e2e_report, "1->N")
     sends = _figures(e2e_report, "1->N trace")
     traffic = trace.Trace(list(sends["t"]), [sends["chars"]] * len(sends["t"]), "test_scaling's load")
@@ -70,11 +62,11 @@ def test_the_scale_out_under_load_is_predicted_within_25_percent(cluster_profile
     assert phase is not None, "the HPA never asked for a second pod"
     # The cold start the load's pods had, beside a busy one (the module's doc says why).
     (cold_start_s, *_) = load["cold_start_under_load_s"]
-    busy = dataclasses.replace(cluster_profile, cold_start_s=cold_start_s)
+    busy = dataclasses.replace(keda_profile, cold_start_s=cold_start_s)
     predicted = _simulate(traffic, busy, f"hpa.first_sync_s={phase}")
 
     comparison = {
-        "cold_start_s (canary, under load)": (cluster_profile.cold_start_s, cold_start_s),
+        "cold_start_s (canary, under load)": (keda_profile.cold_start_s, cold_start_s),
         "max_replicas": (load["max_replicas"], predicted["max_replicas"]),
         "second_replica_ready_s": (load["second_pod_ready_s"], predicted["second_replica_ready_s"]),
     }

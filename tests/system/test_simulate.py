@@ -85,8 +85,8 @@ def test_set_overrides_a_manifest_value():
             "kpa.pod_retention_s=20m",
         ).stdout
     )
-    # The last pod now stays 20 minutes instead of 10: 600 more replica-seconds.
-    assert longer["replica_seconds"] - base["replica_seconds"] == pytest.approx(600, abs=4)
+    # The last pod now stays 20 minutes instead of the overlay's 5: 900 more replica-seconds.
+    assert longer["replica_seconds"] - base["replica_seconds"] == pytest.approx(900, abs=4)
 
 
 def test_sweep_marks_a_pareto_front():
@@ -183,3 +183,32 @@ def test_manifests_without_autoscaling_object_exit_2(tmp_path):
     assert (
         result.returncode == 2 and "no autoscaling object" in result.stderr and str(tmp_path) in result.stderr
     )
+
+
+def _tables(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "tts_ops", "simulate-tables", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_the_autoscaling_table_in_the_docs_is_what_the_sweeps_give_now(tmp_path):
+    # Every cell of docs/deployment.md's table is reproduced by one command (`make
+    # autoscaling-table`); a stale copy (a value or a profile changed since) fails here.
+    doc = ROOT / "docs" / "deployment.md"
+    fresh = _tables("--doc", str(doc), "--check")
+    assert fresh.returncode == 0, fresh.stderr
+
+    stale = tmp_path / "deployment.md"
+    stale.write_text(doc.read_text().replace("| busy |", "| busy (edited) |", 1))
+    checked = _tables("--doc", str(stale), "--check")
+    assert checked.returncode == 1 and "stale" in checked.stderr
+
+    rewritten = _tables("--doc", str(stale))
+    assert rewritten.returncode == 0 and "rewritten" in rewritten.stdout
+    assert stale.read_text() == doc.read_text()

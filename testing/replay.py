@@ -1,0 +1,129 @@
+"""A trace replayed through a flavour's real path on the local cluster, measured as the simulator
+measures it (issue 22's calibration, tests/e2e/test_calibration.py).
+
+Open loop: each request leaves at its trace time whatever the others are doing, as the simulator's
+arrivals do. A watcher lists the stable predictor's pods every `SAMPLE_S` from the first send until
+the flavour is back at zero, which gives the replicas over time. The figures are the simulator's
+summary keys, defined the same way on both sides:
+
+- latency p50/p99: over answered (200) requests, send to last byte;
+- max replicas: the most pods at once that the autoscaler kept (not being deleted);
+- replica-seconds: the integral of those pods from the first send until none is left;
+- cold-start waits: requests sent while no pod was ready (the simulator's "no ready pod at arrival").
+
+A pod being deleted is not counted: the simulator removes a pod when it is scaled down (an idle one
+at once, a busy one after its queue), and its termination (queue-proxy's drain, the grace period) is
+outside both models of autoscaling."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from testing.bodies import v2_request
+from testing.kube import INFER, NAMESPACE, Cluster, at_zero, eventually, ready, stable_pods
+
+SAMPLE_S = 0.5
+
+
+@dataclass
+class Replay:
+    sends: list[float]  # seconds after the first scheduled send
+    latency: list[float | None]  # None: not answered 200
+    status: list[int]  # 0: no response (a transport error)
+    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (t, pods kept, ready)
+    cold_start_s: dict[str, float] = field(default_factory=dict)  # each pod's, from its log once ready
+
+    def pods_at(self, t: float) -> tuple[int, int]:
+        """(pods kept, ready) at the last sample taken at or before t."""
+        kept = ready_n = 0
+        for ts, k, r in self.samples:
+            if ts > t:
+                break
+            kept, ready_n = k, r
+        return kept, ready_n
+
+    def summary(self) -> dict[str, Any]:
+        done = sorted(x for x in self.latency if x is not None)
+
+        def pct(q: float) -> float | None:
+            if not done:
+                return None
+            return round(done[min(len(done) - 1, max(0, math.ceil(q * len(done)) - 1))], 4)
+
+        seconds = 0.0
+        for (t0, kept, _), (t1, _, _) in zip(self.samples, self.samples[1:], strict=False):
+            seconds += kept * (t1 - t0)
+        return {
+            "requests": len(self.sends),
+            "completed": len(done),
+            "latency_p50_s": pct(0.50),
+            "latency_p99_s": pct(0.99),
+            "max_replicas": max((k for _, k, _ in self.samples), default=0),
+            "replica_seconds": round(seconds, 1),
+            "cold_start_waits": sum(1 for t in self.sends if self.pods_at(t)[1] == 0),
+            "answers": {str(c): self.status.count(c) for c in sorted(set(self.status))},
+        }
+
+
+def replay(
+    cluster: Cluster, url: str, host: str, times: list[float], text: str, to_zero_s: float = 300
+) -> Replay:
+    """Send `text` as a v2 request at each of `times` (seconds) through `url` with Host `host`, from
+    zero, and watch the pods until the flavour is back at zero (at most `to_zero_s` after the last
+    answer)."""
+    assert at_zero(cluster), "a replay starts at zero"
+    n = len(times)
+    result = Replay(sends=list(times), latency=[None] * n, status=[0] * n)
+    done = threading.Event()
+    client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+
+    def send(i: int) -> None:
+        delay = started + times[i] - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        sent = time.time()
+        result.sends[i] = sent - started
+        try:
+            response = client.post(
+                url + INFER.format(model_name="tts"), headers={"Host": host}, json=v2_request(text)
+            )
+        except httpx.HTTPError:
+            return
+        result.status[i] = response.status_code
+        if response.status_code == 200:
+            result.latency[i] = time.time() - sent
+
+    def watch() -> None:
+        while True:
+            pods = stable_pods(cluster)
+            kept = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+            for pod in kept:
+                name = pod["metadata"]["name"]
+                if ready(pod) and name not in result.cold_start_s:
+                    # Read while the pod lives: at zero its log is gone.
+                    result.cold_start_s[name] = cluster.model_ready(NAMESPACE, name)["cold_start_s"]
+            result.samples.append((time.time() - started, len(kept), sum(1 for p in kept if ready(p))))
+            if done.is_set() and not kept:
+                return
+            time.sleep(SAMPLE_S)
+
+    started = time.time()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for thread in senders:
+        thread.start()
+    for thread in senders:
+        thread.join(times[-1] + 180 if times else 180)
+    client.close()
+    done.set()
+    watcher.join(to_zero_s)
+    assert not watcher.is_alive(), f"not back at zero {to_zero_s:.0f} s after the last answer"
+    eventually("zero replicas", lambda: at_zero(cluster), to_zero_s)
+    return result
