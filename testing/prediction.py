@@ -51,3 +51,24 @@ def off(comparison: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
         for k, v in comparison.items()
         if not k.startswith("cold") and (v[1] is None or not within(v[1], v[0]))
     }
+
+
+def calibration_table(calibration: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """tests/e2e/test_calibration.py's figures as the README's markdown table: per overlay and trace,
+    each figure as cluster / simulator."""
+    columns = ("latency_p50_s", "latency_p99_s", "max_replicas", "replica_seconds", "cold_start_waits")
+    heads = ("p50 s", "p99 s", "max replicas", "replica-s", "cold-start waits")
+    lines = ["| flavour | trace | " + " | ".join(heads) + " |", "|---|---|" + "---|" * len(heads)]
+
+    def shown(x: Any) -> str:
+        if x is None:
+            return "-"
+        return (
+            f"{x:.2f}" if isinstance(x, float) and x < 10 else f"{x:.0f}" if isinstance(x, float) else str(x)
+        )
+
+    for overlay, traces in calibration.items():
+        for name, row in traces.items():
+            cells = [f"{shown(row[c][0])} / {shown(row[c][1])}" for c in columns]
+            lines.append(f"| {overlay.split('/')[0]} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -114,3 +114,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     # Traces are long: in the file only.
     terminalreporter.write_line(json.dumps({k: v for k, v in REPORT.items() if "trace" not in k}, indent=1))
     terminalreporter.write_line(f"(written to {path})")
+    if "calibration" in REPORT:
+        from testing.prediction import calibration_table
+
+        terminalreporter.section("the simulator against the cluster (cluster / simulator)")
+        terminalreporter.write_line(calibration_table(REPORT["calibration"]))  # type: ignore[arg-type]

@@ -177,3 +177,36 @@ def test_a_timed_out_synthesis_keeps_its_pod_busy_until_the_engine_call_ends():
         [0.0, 5.0], [100, 10], **{"kpa.revision_timeout_s": 8.0, "kpa.container_concurrency": 1}
     )
     assert summary["timed_out"] == 1 and summary["latency_max_s"] == pytest.approx(6.0)
+
+
+def test_with_the_activator_in_the_path_a_pod_never_holds_more_than_container_concurrency_and_none_is_refused():
+    # The default target-burst-capacity (200) keeps the activator in the path for a few pods: it
+    # holds the excess, so a burst far beyond one pod waits (and may time out), never 503.
+    times = [i * 0.01 for i in range(300)]
+    summary = _knative_run(times, [10] * len(times), **{"kpa.container_concurrency": 3})
+    assert summary["rejected"] == 0
+
+
+def test_without_the_activator_queue_proxy_refuses_beyond_ten_times_container_concurrency():
+    # target-burst-capacity 0: the SKS goes to Serve mode once a pod is up, requests reach the pod
+    # directly, and its queue-proxy holds 3 in flight + 30 queued, answering 503 beyond.
+    times = [5.0 + i * 0.001 for i in range(100)]  # after the first KPA ticks; 0.1 s each
+    summary = _knative_run(
+        times, [1] * len(times), **{"kpa.container_concurrency": 3, "kpa.target_burst_capacity": 0.0}
+    )
+    assert summary["rejected"] == 100 - 33 and summary["completed"] == 33
+
+
+def test_the_activator_holds_at_most_its_queue_depth_per_revision():
+    times = [0.0] * (simulator.ACTIVATOR_QUEUE + 5)
+    summary = _knative_run(
+        times, [1] * len(times), **{"replicas.start": 0, "replicas.min": 0, "kpa.revision_timeout_s": 1.0}
+    )
+    assert summary["rejected"] == 5
+
+
+def test_without_container_concurrency_the_predictors_own_queue_refuses_the_excess():
+    # containerConcurrency 0: neither the activator nor queue-proxy limit a pod; MAX_QUEUE (32) does.
+    times = [5.0 + i * 0.001 for i in range(100)]
+    summary = _knative_run(times, [1] * len(times), **{"kpa.container_concurrency": 0})
+    assert summary["rejected"] == 100 - 33

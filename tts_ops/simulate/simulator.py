@@ -7,6 +7,16 @@ pod, it is dropped (the predictor cancels a request whose client has gone before
 synthesis, the engine finishes that call for nobody (the v2 route makes one call per text), so the pod
 stays busy until then. A timed-out request has no latency: it counts in `timed_out`.
 
+Where Knative's requests wait (knative/serving v0.50.0, the release the local cluster runs): with the
+activator in the path (the SKS in Proxy mode: at zero, and whenever the excess burst capacity is
+negative, which with the default target-burst-capacity of 200 is always for a few pods), the
+activator holds up to 10,000 requests per revision (pkg/activator/net/throttler.go
+breakerQueueDepth; one more is answered 503) and sends a pod at most `containerConcurrency`. Out of
+the path (Serve mode: scale above 0 and the excess burst capacity >= 0, e.g. target-burst-capacity
+0), requests go straight to a pod, whose queue-proxy holds `containerConcurrency` in flight and 10
+times that queued (pkg/queue/sharedmain buildBreaker) and answers 503 beyond. With
+`containerConcurrency` 0 neither limits a pod: the predictor's own MAX_QUEUE answers 503.
+
 Simplifications, each on the side of the autoscaler under study rather than the predictor:
 requests go to the least-loaded ready pod (Knative's activator balances so; Kubernetes Services pick
 at random); network hops cost nothing; a pod removed by a scale-down finishes its queue (the drain)
@@ -27,6 +37,8 @@ from tts_ops.simulate.profile import Profile
 from tts_ops.simulate.trace import Trace
 
 _COMPLETE, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT = range(7)
+ACTIVATOR_QUEUE = 10_000  # requests the activator holds per revision (breakerQueueDepth)
+QUEUE_PROXY_DEPTH = 10  # queue-proxy queues this many times containerConcurrency
 
 
 @dataclass
@@ -115,6 +127,7 @@ class Simulation:
         self.arrivals_count = 0
         self.pod_seconds = 0.0
         self.timeline = Timeline()
+        self.activator_in_path = True  # Knative's SKS starts in Proxy mode
         self.max_pods = values["replicas.max"] or 10**6
         self.min_pods = values["replicas.min"]
 
@@ -165,10 +178,22 @@ class Simulation:
         self.pods.remove(pod)
 
     def _capacity(self) -> int:
+        """Requests a pod takes from the activator (Knative) or the interceptor (KEDA) before the next
+        waits (Knative's breaker) or is refused 503 (a full MAX_QUEUE)."""
         if self.flavour == "knative":
             cc = self.v["kpa.container_concurrency"]
-            return cc if cc > 0 else 10**9
+            return cc if cc > 0 else 1 + self.v["pod.max_queue"]
         return 1 + self.v["pod.max_queue"]
+
+    def _knative_direct(self, i: int, pod: Pod) -> None:
+        """Knative without the activator in the path: straight to a pod, whose queue-proxy holds
+        containerConcurrency in flight and 10 times that queued, and answers 503 beyond."""
+        cc = self.v["kpa.container_concurrency"]
+        limit = cc * (1 + QUEUE_PROXY_DEPTH) if cc > 0 else 1 + self.v["pod.max_queue"]
+        if pod.in_flight >= limit:
+            self._reject(i)
+        else:
+            self._assign(pod, i)
 
     def _assign(self, pod: Pod, i: int) -> None:
         self.forwarded[i] = self.now
@@ -192,7 +217,10 @@ class Simulation:
 
     def _dispatch(self) -> None:
         cap = self._capacity()
-        for queue, rejecting in ((self.held, self.flavour == "keda"), (self.kafka, False)):
+        # The interceptor forwards and a full pod answers 503; so does Knative's activator when
+        # containerConcurrency is 0 (no breaker holds the request back).
+        forwards = self.flavour == "keda" or self.v["kpa.container_concurrency"] <= 0
+        for queue, rejecting in ((self.held, forwards), (self.kafka, False)):
             while queue:
                 pod = self._least_loaded()
                 if pod is None:
@@ -208,7 +236,7 @@ class Simulation:
                     self._reject(i)
                     continue
                 if pod.in_flight >= cap:
-                    if rejecting:  # the interceptor forwards; a full pod answers 503
+                    if rejecting:
                         queue.popleft()
                         self._reject(i)
                         continue
@@ -233,11 +261,17 @@ class Simulation:
                 self.cold_waits += 1
             self._dispatch()
             return
+        if self.flavour == "knative" and pod is not None and not self.activator_in_path:
+            self._knative_direct(i, pod)
+            return
         if pod is not None and pod.in_flight < self._capacity() and not self.held:
             self._assign(pod, i)
             return
-        if pod is not None and self.flavour == "keda":
+        if pod is not None and (self.flavour == "keda" or self.v["kpa.container_concurrency"] <= 0):
             self._reject(i)  # MAX_QUEUE full: 503 + Retry-After
+            return
+        if self.flavour == "knative" and len(self.held) >= ACTIVATOR_QUEUE:
+            self._reject(i)  # the activator's queue is full: 503
             return
         if pod is None:
             self.cold_waits += 1
@@ -366,6 +400,9 @@ class Simulation:
         if desired == 1 and not self._active_pods() and not self.held:
             desired = 0  # already at zero and nothing asks for a pod: stay there
         self._scale_to(desired)
+        # kpa.go: Serve mode (the activator out of the path) when scaled above zero with excess
+        # burst capacity; Proxy mode otherwise.
+        self.activator_in_path = not (desired > 0 and result.excess_burst_capacity >= 0)
 
     def _keda_poll(self) -> None:
         active = self.triggers.active(self.queue_depth, self._http_concurrency(), len(self.kafka))
