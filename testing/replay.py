@@ -17,7 +17,6 @@ outside both models of autoscaling."""
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,21 +48,17 @@ class Replay:
         return kept, ready_n
 
     def summary(self) -> dict[str, Any]:
+        from tts_ops.simulate.simulator import percentile
+
         done = sorted(x for x in self.latency if x is not None)
-
-        def pct(q: float) -> float | None:
-            if not done:
-                return None
-            return round(done[min(len(done) - 1, max(0, math.ceil(q * len(done)) - 1))], 4)
-
         seconds = 0.0
         for (t0, kept, _), (t1, _, _) in zip(self.samples, self.samples[1:], strict=False):
             seconds += kept * (t1 - t0)
         return {
             "requests": len(self.sends),
             "completed": len(done),
-            "latency_p50_s": pct(0.50),
-            "latency_p99_s": pct(0.99),
+            "latency_p50_s": percentile(done, 0.50),
+            "latency_p99_s": percentile(done, 0.99),
             "max_replicas": max((k for _, k, _ in self.samples), default=0),
             "replica_seconds": round(seconds, 1),
             "cold_start_waits": sum(1 for t in self.sends if self.pods_at(t)[1] == 0),

@@ -13,16 +13,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def simulate(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def ops(command: str, *args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "tts_ops", "simulate", *args],
+        [sys.executable, "-m", "tts_ops", command, *args],
         capture_output=True,
         text=True,
         cwd=cwd,
         env=env,
-        timeout=120,
+        timeout=timeout,
     )
+
+
+def simulate(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return ops("simulate", *args, cwd=cwd)
 
 
 @pytest.mark.parametrize("overlay", ["knative/overlays/cpu", "keda/overlays/cpu"])
@@ -186,15 +190,7 @@ def test_manifests_without_autoscaling_object_exit_2(tmp_path):
 
 
 def _tables(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "tts_ops", "simulate-tables", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=300,
-    )
+    return ops("simulate-tables", *args, timeout=300)
 
 
 def test_the_autoscaling_table_in_the_docs_is_what_the_sweeps_give_now(tmp_path):

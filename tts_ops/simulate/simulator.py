@@ -41,6 +41,13 @@ ACTIVATOR_QUEUE = 10_000  # requests the activator holds per revision (breakerQu
 QUEUE_PROXY_DEPTH = 10  # queue-proxy queues this many times containerConcurrency
 
 
+def percentile(ordered: list[float], q: float) -> float | None:
+    """The nearest-rank q-quantile of sorted values (None when there are none), to 4 decimals."""
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 4)
+
+
 @dataclass
 class Timeline:
     t: list[float] = field(default_factory=list)
@@ -65,12 +72,6 @@ class Result:
 
     def summary(self) -> dict[str, Any]:
         done = sorted(x for x in self.latencies if x is not None)
-
-        def pct(q: float) -> float | None:
-            if not done:
-                return None
-            return round(done[min(len(done) - 1, max(0, math.ceil(q * len(done)) - 1))], 4)
-
         first = self.latencies[0] if self.latencies else None
         # From the first arrival to the first sample with two pods ready (the timeline's resolution).
         second = next(
@@ -81,9 +82,9 @@ class Result:
             "flavour": self.flavour,
             "requests": len(self.latencies),
             "completed": len(done),
-            "latency_p50_s": pct(0.50),
-            "latency_p95_s": pct(0.95),
-            "latency_p99_s": pct(0.99),
+            "latency_p50_s": percentile(done, 0.50),
+            "latency_p95_s": percentile(done, 0.95),
+            "latency_p99_s": percentile(done, 0.99),
             "latency_max_s": round(done[-1], 4) if done else None,
             "first_request_latency_s": round(first, 4) if first is not None else None,
             "cold_start_waits": self.cold_waits,
