@@ -210,3 +210,18 @@ def test_without_container_concurrency_the_predictors_own_queue_refuses_the_exce
     times = [5.0 + i * 0.001 for i in range(100)]
     summary = _knative_run(times, [1] * len(times), **{"kpa.container_concurrency": 0})
     assert summary["rejected"] == 100 - 33
+
+
+def test_keda_counts_the_cooldown_from_the_last_answer_not_the_last_arrival():
+    # The add-on reports the host active while a request is in flight: the pod stays 20 s
+    # (cooldownPeriod) past the answer, as the cluster's did (tests/e2e/test_calibration.py). The
+    # answer (8.9 s) lands after the poll at 5 s and before the one at 10 s, so counting from the
+    # last poll that saw it in flight would end the pod 5 s early.
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    assert values["keda.polling_interval_s"] == 5.0
+    prof = profile.Profile(base_s=6.9, per_char_s=0.0, cold_start_s=1.0, phases_s={})
+    result = simulator.simulate("keda", values, prof, trace.Trace([0.0], [10], "test"))
+    answered = result.latencies[0]
+    assert answered is not None
+    assert answered == pytest.approx(8.9)
+    assert result.replica_seconds >= answered + values["keda.cooldown_s"]

@@ -305,6 +305,11 @@ class Simulation:
             self.in_system -= 1
             lat = self.now - self.trace.times[i]
             keda_http = self.flavour == "keda" and not self.is_event[i]
+            if keda_http:
+                # The add-on's scaler reports the host active while a request is in flight, so
+                # KEDA's cooldown runs from the last answer, not the last arrival (tests/e2e/
+                # test_calibration.py: a pod 8 s shorter-lived than the cluster's without this).
+                self.executor.last_active_s = self.now
             if keda_http and self.now - self.forwarded[i] > self.v["keda.http.response_header_timeout_s"]:
                 self.rejected += 1  # the interceptor stopped waiting for the headers: 502, work wasted
             else:
