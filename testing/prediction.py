@@ -45,11 +45,12 @@ def within(predicted: float, measured: float) -> bool:
 
 def off(comparison: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
     """The (measured, predicted) pairs predicted outside the tolerance, or not at all; the given
-    inputs (keys starting "cold") are not predictions."""
+    cold starts (keys starting "cold_start_s") are inputs, not predictions. Cold-start waits are
+    predictions."""
     return {
         k: v
         for k, v in comparison.items()
-        if not k.startswith("cold") and (v[1] is None or not within(v[1], v[0]))
+        if not k.startswith("cold_start_s") and (v[1] is None or not within(v[1], v[0]))
     }
 
 
