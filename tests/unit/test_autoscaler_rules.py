@@ -225,3 +225,22 @@ def test_keda_counts_the_cooldown_from_the_last_answer_not_the_last_arrival():
     assert answered is not None
     assert answered == pytest.approx(8.9)
     assert result.replica_seconds >= answered + values["keda.cooldown_s"]
+
+
+def test_a_revision_the_activator_never_left_goes_to_zero_at_the_retention_not_the_grace_period():
+    # handleScaleToZero's fast path: proxied for the grace period already, so retention 0 means the
+    # pod goes once the stable window (20 s) sees no load; the e2e cluster's idle pod lived 30 s
+    # (tests/e2e/test_calibration.py). Out of the path (target-burst-capacity 0) the 30 s grace
+    # period starts when the decider first says zero.
+    _flavour, values = settings.from_manifests(ROOT / "knative" / "overlays" / "e2e")
+    prof = profile.Profile(base_s=0.3, per_char_s=0.0, cold_start_s=6.0, phases_s={})
+
+    def pod_seconds(**overrides: Any) -> float:
+        run = simulator.simulate("knative", {**values, **overrides}, prof, trace.Trace([0.0], [1], "idle"))
+        return run.replica_seconds
+
+    proxied = pod_seconds()
+    served = pod_seconds(**{"kpa.target_burst_capacity": 0.0})
+    assert values["kpa.pod_retention_s"] == 0 and values["kpa.scale_to_zero_grace_s"] == 30
+    assert proxied == pytest.approx(30, abs=3)
+    assert served - proxied == pytest.approx(30, abs=3)

@@ -4,7 +4,8 @@
 windows, panic threshold, max scale-up/down rates, activation scale, scale-down delay (a max over a
 time window, aggregation/max/window.go) and excess burst capacity. `ScaleToZero` follows
 pkg/reconciler/autoscaling/kpa/scaler.go `handleScaleToZero`: the last pod stays for the pod
-retention period and the scale-to-zero grace period after the decider first asks for zero.
+retention period and the scale-to-zero grace period after the decider first asks for zero, or
+for the retention alone where the activator has been in the path for the grace period already.
 """
 
 from __future__ import annotations
@@ -122,13 +123,20 @@ class ScaleToZero:
     and the grace period have passed since it first said 0; any non-zero answer resets the clock."""
 
     def __init__(self, retention_s: float, grace_s: float):
+        self.retention_s, self.grace_s = retention_s, grace_s
         self.hold_s = max(retention_s, grace_s)
         self.zero_since: float | None = None
 
-    def apply(self, now_s: float, desired: int) -> int:
+    def apply(self, now_s: float, desired: int, proxy_for_s: float = 0.0) -> int:
+        """`proxy_for_s`: how long the activator has been in the path (the SKS in Proxy mode). As
+        handleScaleToZero's fast path: inactive for the retention period and proxied for the grace
+        period is enough, so a revision the activator never left goes at the retention alone."""
         if desired > 0:
             self.zero_since = None
             return desired
         if self.zero_since is None:
             self.zero_since = now_s
-        return 0 if now_s - self.zero_since >= self.hold_s else 1
+        inactive = now_s - self.zero_since
+        if inactive >= self.hold_s or (inactive >= self.retention_s and proxy_for_s >= self.grace_s):
+            return 0
+        return 1

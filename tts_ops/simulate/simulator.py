@@ -128,7 +128,8 @@ class Simulation:
         self.arrivals_count = 0
         self.pod_seconds = 0.0
         self.timeline = Timeline()
-        self.activator_in_path = True  # Knative's SKS starts in Proxy mode
+        self.activator_in_path = True  # Knative's SKS starts in Proxy mode (at zero long before)
+        self.proxy_since = -math.inf
         self.max_pods = values["replicas.max"] or 10**6
         self.min_pods = values["replicas.min"]
 
@@ -402,13 +403,17 @@ class Simulation:
         desired = max(self.min_pods, min(self.max_pods, result.desired_pod_count))
         if self.held:  # the activator holds requests: the revision is activating, never zero
             desired = max(desired, 1)
-        desired = self.to_zero.apply(self.now, desired) if self.min_pods == 0 else desired
+        proxy_for = self.now - self.proxy_since if self.activator_in_path else 0.0
+        desired = self.to_zero.apply(self.now, desired, proxy_for) if self.min_pods == 0 else desired
         if desired == 1 and not self._active_pods() and not self.held:
             desired = 0  # already at zero and nothing asks for a pod: stay there
         self._scale_to(desired)
         # kpa.go: Serve mode (the activator out of the path) when scaled above zero with excess
         # burst capacity; Proxy mode otherwise.
-        self.activator_in_path = not (desired > 0 and result.excess_burst_capacity >= 0)
+        in_path = not (desired > 0 and result.excess_burst_capacity >= 0)
+        if in_path and not self.activator_in_path:
+            self.proxy_since = self.now
+        self.activator_in_path = in_path
 
     def _keda_poll(self) -> None:
         active = self.triggers.active(self.queue_depth, self._http_concurrency(), len(self.kafka))
