@@ -128,6 +128,9 @@ class Simulation:
         self.arrivals_count = 0
         self.pod_seconds = 0.0
         self.timeline = Timeline()
+        # The interceptor forwards and a full pod answers 503; so does Knative's activator when
+        # containerConcurrency is 0 (no breaker holds the request back).
+        self.full_pod_refuses = flavour == "keda" or values["kpa.container_concurrency"] <= 0
         self.activator_in_path = True  # Knative's SKS starts in Proxy mode (at zero long before)
         self.proxy_since = -math.inf
         self.max_pods = values["replicas.max"] or 10**6
@@ -191,7 +194,7 @@ class Simulation:
         """Knative without the activator in the path: straight to a pod, whose queue-proxy holds
         containerConcurrency in flight and 10 times that queued, and answers 503 beyond."""
         cc = self.v["kpa.container_concurrency"]
-        limit = cc * (1 + QUEUE_PROXY_DEPTH) if cc > 0 else 1 + self.v["pod.max_queue"]
+        limit = cc * (1 + QUEUE_PROXY_DEPTH) if cc > 0 else self._capacity()
         if pod.in_flight >= limit:
             self._reject(i)
         else:
@@ -219,10 +222,7 @@ class Simulation:
 
     def _dispatch(self) -> None:
         cap = self._capacity()
-        # The interceptor forwards and a full pod answers 503; so does Knative's activator when
-        # containerConcurrency is 0 (no breaker holds the request back).
-        forwards = self.flavour == "keda" or self.v["kpa.container_concurrency"] <= 0
-        for queue, rejecting in ((self.held, forwards), (self.kafka, False)):
+        for queue, rejecting in ((self.held, self.full_pod_refuses), (self.kafka, False)):
             while queue:
                 pod = self._least_loaded()
                 if pod is None:
@@ -269,7 +269,7 @@ class Simulation:
         if pod is not None and pod.in_flight < self._capacity() and not self.held:
             self._assign(pod, i)
             return
-        if pod is not None and (self.flavour == "keda" or self.v["kpa.container_concurrency"] <= 0):
+        if pod is not None and self.full_pod_refuses:
             self._reject(i)  # MAX_QUEUE full: 503 + Retry-After
             return
         if self.flavour == "knative" and len(self.held) >= ACTIVATOR_QUEUE:
