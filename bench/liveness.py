@@ -31,7 +31,7 @@ from bench.common import (
 )
 from testing.bodies import v2_request
 from testing.load import largest_bodies
-from testing.probes import http_probe
+from testing.probes import http_probe, probes_from_another_process
 from testing.slow_clients import stalled
 
 IDLE_N = 100
@@ -194,10 +194,9 @@ def _probes_while_stalled(p: Predictor) -> tuple[list[float], list[str], int]:
 def _probes_while_bodies_are_read(p: Predictor) -> tuple[list[float], list[str], list[str]]:
     """Probe for BODIES_S while testing/load.largest_bodies keeps the predictor reading the largest
     bodies its limits admit; (ok seconds, failed probes, the senders' unexpected errors)."""
-    keep_going = threading.Event()
-    keep_going.set()
-    timer = threading.Timer(BODIES_S, keep_going.clear)
     with largest_bodies(p.url, p.grpc, max_text_chars=MAX_TEXT_CHARS) as errors:
-        timer.start()
-        ok, failed = _probes(p, keep_going, 0)
+        # From a process of its own: beside the senders' threads a probe would wait for their GIL.
+        ok, failed = probes_from_another_process(
+            p.http_port, "/v2/health/live", BODIES_S, PROBE_EVERY_S, PROBE_TIMEOUT_S
+        )
     return ok, failed, list(errors)

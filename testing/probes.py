@@ -8,7 +8,10 @@ server's, and under load on a shared 2-CPU machine grows with the load.
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import time
 
 
@@ -38,3 +41,44 @@ def http_probe(
     head, _, body = raw.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
     return seconds, status, body
+
+
+def probes_from_another_process(
+    port: int, path: str, seconds: float, every_s: float = 0.02, timeout_s: float = 1.0
+) -> tuple[list[float], list[str]]:
+    """``http_probe`` every ``every_s`` for ``seconds`` from a child process, as the kubelet probes from
+    a process of its own: a prober beside load-generating threads would wait for their GIL and count
+    that wait as the server's. (sorted seconds of the probes answered 200 with a body, why each other
+    probe failed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "testing.probes", str(port), path, str(seconds), str(every_s), str(timeout_s)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    return sorted(result["ok"]), result["failed"]
+
+
+def _probe_for(port: int, path: str, seconds: float, every_s: float, timeout_s: float) -> dict[str, list]:
+    ok: list[float] = []
+    failed: list[str] = []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        try:
+            took, status, body = http_probe(port, path, timeout_s=timeout_s)
+        except (TimeoutError, OSError) as exc:
+            failed.append(f"{type(exc).__name__}: {exc}")
+        else:
+            if status == 200 and body:
+                ok.append(took)
+            else:
+                failed.append(f"status {status}, {len(body)} body bytes")
+        time.sleep(every_s)
+    return {"ok": ok, "failed": failed}
+
+
+if __name__ == "__main__":
+    port, path, seconds, every_s, timeout_s = sys.argv[1:6]
+    print(json.dumps(_probe_for(int(port), path, float(seconds), float(every_s), float(timeout_s))))
