@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--noise-scale", type=float)
     p.add_argument("--noise-w", type=float)
     p.add_argument("--voice")
-    p.add_argument("--seed", type=int, help="reproducible noise (torch engine)")
+    p.add_argument("--seed", type=int, help="reproducible noise (either engine: the same audio on both)")
 
     for name in MOVED_TO_OPS:
         sub.add_parser(name, help=f"moved to `tts-ops {name}`", add_help=False)

@@ -22,14 +22,11 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from predictor.engine.noise import SEED_LIMIT
 from predictor.errors import BadRequest, EngineError
 
 if TYPE_CHECKING:
     pass
-
-
-# Seeds of sentence k in a request are seed + k, and torch generators take 64-bit seeds.
-SEED_LIMIT = 2**62
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,14 @@ import numpy as np
 import torch
 
 from predictor.engine.vits import Vits, VitsConfig
-from predictor.engine.voice_files import CONFIG_FILE, DECODER_ONNX, ENCODER_ONNX, LATENT_NAME, WEIGHTS_FILE
+from predictor.engine.voice_files import (
+    CONFIG_FILE,
+    DECODER_ONNX,
+    ENCODER_ONNX,
+    LATENT_NAME,
+    NOISE_NAME,
+    WEIGHTS_FILE,
+)
 
 _CONV_OPS = ("Conv", "ConvTranspose")
 _EMBEDDING_NODE = "/enc_p/emb/Gather"
@@ -315,7 +322,78 @@ def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
             node.output[:] = [LATENT_NAME if o == cut else o for o in node.output]
     encoder.graph.output[0].name = LATENT_NAME
     decoder.graph.input[0].name = LATENT_NAME
-    return encoder, decoder
+    return feed_noise(encoder), decoder
+
+
+def feed_noise(encoder: Any) -> Any:
+    """The encoder with its noise read from an input instead of drawn inside (engine/noise.py).
+
+    Piper's graph draws its noise with RandomNormalLike, which onnxruntime seeds once per session, not
+    per run. Each such node, in graph order (the duration predictor's, then the prior's), becomes the
+    next slice of the 1-D float32 input ``noise``, reshaped to the node's shape: node k reads the
+    values after those of nodes 0..k-1. A feed longer than the graph needs is fine (the rest is
+    unread); a shorter one fails the Reshape named ``noise/k/Reshape``. An encoder that has the input
+    already is returned as it is.
+    """
+    from onnx import TensorProto, helper
+
+    graph = encoder.graph
+    if any(i.name == NOISE_NAME for i in graph.input):
+        return encoder
+    draws = [n for n in graph.node if n.op_type == "RandomNormalLike"]
+    if not draws:
+        raise ConversionError("no RandomNormalLike node: not a Piper VITS encoder")
+    nodes: list[Any] = []
+    offset = f"{NOISE_NAME}/start"
+    nodes.append(
+        helper.make_node(
+            "Constant", [], [offset], value=helper.make_tensor(offset, TensorProto.INT64, [1], [0])
+        )
+    )
+    replaced: dict[str, list[Any]] = {}
+    for k, draw in enumerate(draws):
+        attrs = _attrs(draw)
+        if attrs.get("dtype", TensorProto.FLOAT) != TensorProto.FLOAT:
+            raise ConversionError(f"{draw.name} draws dtype {attrs['dtype']}, not float32")
+        p = f"{NOISE_NAME}/{k}"
+        end = f"{p}/end"
+        out = draw.output[0]
+        standard = f"{p}/standard" if (attrs.get("mean", 0.0), attrs.get("scale", 1.0)) != (0.0, 1.0) else out
+        steps = [
+            helper.make_node("Shape", [draw.input[0]], [f"{p}/shape"], name=f"{p}/Shape"),
+            helper.make_node(
+                "ReduceProd", [f"{p}/shape"], [f"{p}/count"], name=f"{p}/ReduceProd", keepdims=1
+            ),
+            helper.make_node("Add", [offset, f"{p}/count"], [end], name=f"{p}/Add"),
+            helper.make_node("Slice", [NOISE_NAME, offset, end], [f"{p}/flat"], name=f"{p}/Slice"),
+            helper.make_node("Reshape", [f"{p}/flat", f"{p}/shape"], [standard], name=f"{p}/Reshape"),
+        ]
+        if standard != out:
+            scale, mean = f"{p}/scale", f"{p}/mean"
+            steps += [
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [scale],
+                    value=helper.make_tensor(scale, TensorProto.FLOAT, [], [attrs["scale"]]),
+                ),
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [mean],
+                    value=helper.make_tensor(mean, TensorProto.FLOAT, [], [attrs["mean"]]),
+                ),
+                helper.make_node("Mul", [standard, scale], [f"{p}/scaled"], name=f"{p}/Mul"),
+                helper.make_node("Add", [f"{p}/scaled", mean], [out], name=f"{p}/AddMean"),
+            ]
+        replaced[draw.name] = steps
+        offset = end
+    for node in graph.node:
+        nodes.extend(replaced.get(node.name, [node]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.input.append(helper.make_tensor_value_info(NOISE_NAME, TensorProto.FLOAT, ["noise_values"]))
+    return encoder
 
 
 def write_onnx_split(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:

@@ -18,14 +18,28 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from predictor.engine import phonemes, windows
+from predictor.engine import noise, phonemes, windows
 from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
-from predictor.engine.voice_files import CONFIG_FILE, DECODER_ONNX, ENCODER_ONNX, LATENT_NAME, read_config
+from predictor.engine.voice_files import (
+    CONFIG_FILE,
+    DECODER_ONNX,
+    ENCODER_ONNX,
+    LATENT_NAME,
+    NOISE_NAME,
+    read_config,
+)
 from predictor.errors import EngineError
+
+# Noise values fed per phoneme at first (engine/noise.py): the prior's channels times this many frames
+# per phoneme at length_scale 1. Sentences of this voice average 3-6 frames a phoneme; one that needs
+# more is run again with four times the feed (the same values, a longer prefix), so the bound costs
+# drawing, never correctness.
+FRAMES_PER_PHONEME = 8
 
 
 class OnnxEngine(PiperEngine):
     name = "onnx"
+    supports_seed = True
 
     def __init__(self, device: str, threads: int):
         if device.startswith("cuda"):
@@ -55,8 +69,12 @@ class OnnxEngine(PiperEngine):
             self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._encoder: onnxruntime.InferenceSession | None = None
         self._decoder: onnxruntime.InferenceSession | None = None
+        # A feed too short for a sentence fails noise/1/Reshape, which _latent retries: not worth a log line.
+        self._quiet_run = onnxruntime.RunOptions()
+        self._quiet_run.log_severity_level = 4
         self._context = 0
         self._hop = 1
+        self._channels = 0
         phonemes.prepare()
 
     def load(self, model_dir: Path) -> None:
@@ -77,10 +95,21 @@ class OnnxEngine(PiperEngine):
                 onnxruntime.InferenceSession(part, sess_options=self._options, providers=self._providers)
                 for part in parts
             )
+            if not any(i.name == NOISE_NAME for i in self._encoder.get_inputs()):
+                # Split before its noise became an input: publish's rewrite, run here in memory.
+                import onnx
+
+                from predictor.engine.convert import feed_noise
+
+                encoder = feed_noise(onnx.load(str(model_dir / ENCODER_ONNX)))
+                self._encoder = onnxruntime.InferenceSession(
+                    encoder.SerializeToString(), sess_options=self._options, providers=self._providers
+                )
         except Exception as exc:  # onnxruntime and onnx raise their own untyped errors
             raise EngineError(f"cannot load the onnx voice from {model_dir}: {exc}") from exc
         self._context = windows.decoder_context_frames(config)
         self._hop = config.hop_length
+        self._channels = config.inter_channels
 
     def _speaker_id(self, voice: str | None) -> int | None:
         # The voice was checked by synthesize / stream, or by the service for the whole request.
@@ -104,11 +133,12 @@ class OnnxEngine(PiperEngine):
         speaker = self._speaker_id(params.voice)
         scales = self._scales(params)
         out = []
+        k = 0  # the sentence's position in the request, which seeds its noise (as on the torch engine)
         for text in texts:
-            pieces = [
-                self._decode(self._latent(ids, scales, speaker))
-                for ids in phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map)
-            ]
+            pieces = []
+            for ids in phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map):
+                pieces.append(self._decode(self._latent(ids, scales, speaker, _seed(params, k))))
+                k += 1
             out.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32))
         return out
 
@@ -122,26 +152,43 @@ class OnnxEngine(PiperEngine):
         if not sentences:
             yield np.zeros(0, dtype=np.float32), True
         for k, ids in enumerate(sentences):
-            latent = self._latent(ids, scales, speaker)
+            latent = self._latent(ids, scales, speaker, _seed(params, k))
             plan = windows.plan(latent.shape[-1], sizes.first_frames, sizes.frames, self._context)
             for n, w in enumerate(plan):
                 audio = self._decode(latent[:, :, w.context_start : w.context_end])
                 yield audio[w.keep(self._hop)], k == len(sentences) - 1 and n == len(plan) - 1
 
-    def _latent(self, ids: list[int], scales: np.ndarray, speaker: int | None) -> np.ndarray:
-        """Phoneme ids -> latent frames [1, inter, F]."""
+    def _latent(self, ids: list[int], scales: np.ndarray, speaker: int | None, seed: int) -> np.ndarray:
+        """Phoneme ids -> latent frames [1, inter, F], the noise drawn from ``seed`` (engine/noise.py)."""
         assert self._encoder is not None
+        t = len(ids)
         feeds = {
             "input": np.asarray([ids], dtype=np.int64),  # [1, T]
-            "input_lengths": np.asarray([len(ids)], dtype=np.int64),  # [1]
+            "input_lengths": np.asarray([t], dtype=np.int64),  # [1]
             "scales": scales,  # [3]: noise_scale, length_scale, noise_w
         }
         if speaker is not None:
             feeds["sid"] = np.asarray([speaker], dtype=np.int64)
-        return self._encoder.run(None, feeds)[0]
+        frames = int(np.ceil(t * FRAMES_PER_PHONEME * max(1.0, float(scales[1]))))
+        while True:
+            # [2 * T] for the duration predictor, then the prior's [inter * F] for F up to `frames`.
+            feeds[NOISE_NAME] = noise.stream(seed).standard_normal(
+                2 * t + self._channels * frames, dtype=np.float32
+            )
+            try:
+                return self._encoder.run(None, feeds, self._quiet_run)[0]
+            except onnxruntime.capi.onnxruntime_pybind11_state.Fail as exc:
+                if f"{NOISE_NAME}/1/Reshape" not in str(exc):
+                    raise
+                frames *= 4
 
     def _decode(self, latent: np.ndarray) -> np.ndarray:
         """Latent frames [1, inter, F] -> audio [F * hop] float32 in [-1, 1]."""
         assert self._decoder is not None
         audio = self._decoder.run(None, {LATENT_NAME: np.ascontiguousarray(latent)})[0]  # [1, 1, 1, S]
         return np.clip(audio.reshape(-1), -1.0, 1.0).astype(np.float32, copy=False)
+
+
+def _seed(params: SynthesisParams, k: int) -> int:
+    """Sentence k's noise seed: the request's seed + k, else a fresh one."""
+    return noise.fresh_seed() if params.seed is None else params.seed + k

@@ -3,7 +3,8 @@
 On a GPU, the sentences of all texts in a request share padded batches (sorted by length, so padding
 stays small); on CPU they run one by one (config.device_batch_size). Every sentence comes back trimmed
 to its own duration sum x hop length and the sentences of each text are joined in order. A request's
-`seed` seeds one generator per sentence, so the audio is reproducible whatever shares the batch.
+`seed` seeds one noise stream per sentence (engine/noise.py, the one the onnx engine draws from too),
+so the audio is reproducible whatever shares the batch, and the same on either engine.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from predictor.config import device_batch_size
 from predictor.engine import device as devices
-from predictor.engine import phonemes, windows
+from predictor.engine import noise, phonemes, windows
 from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
 from predictor.engine.vits import Vits
 from predictor.engine.voice_files import load_vits
@@ -107,9 +108,7 @@ class TorchEngine(PiperEngine):
         if not sentences:
             yield np.zeros(0, dtype=np.float32), True
         for k, ids in enumerate(sentences):
-            generator = None
-            if params.seed is not None:
-                generator = torch.Generator(device=device).manual_seed(params.seed + k)
+            generator = None if params.seed is None else noise.stream(params.seed + k)
             with torch.inference_mode():
                 z, _, _ = model.latent(
                     torch.tensor([ids], dtype=torch.long, device=device),
@@ -145,7 +144,7 @@ class TorchEngine(PiperEngine):
         generators = None
         if params.seed is not None:
             # Seeded by the sentence's position in the request, not in the batch: reproducible alone or batched.
-            generators = [torch.Generator(device=device).manual_seed(params.seed + k) for k in positions]
+            generators = [noise.stream(params.seed + k) for k in positions]
         with torch.inference_mode():
             result = self._model.infer(
                 ids.to(device), lengths.to(device), *self._scales(params), generator=generators

@@ -15,7 +15,8 @@ Differences from the exported graph, all deliberate:
   * a padded batch is exact: the generator masks each convolution's input past every item's own
     length, so an item's audio equals the audio of that item run alone (the ONNX graph lets the padded
     tail of one item leak into the last samples of shorter ones, and returns that tail as noise);
-  * noise comes from torch (seedable, per-item generators) or is injected by the caller;
+  * noise comes from torch or numpy (seedable, per-item generators; engine/noise.py's numpy stream is
+    the one the onnx engine feeds its graph) or is injected by the caller;
   * the text encoder, the duration path and the flow always run in fp32 (a duration 0.005 away from
     an integer flips its ceil and shifts every later frame; the flow is ~15% of the work but in bf16
     it drops the worst-case correlation with fp32 audio from 0.998 to 0.987); only the HiFi-GAN
@@ -30,6 +31,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -624,7 +626,9 @@ class VitsOutput(NamedTuple):
     durations: torch.Tensor  # [B, T] float32, ceiled frames per phoneme (0 on padding)
 
 
-GeneratorArg = torch.Generator | Sequence[torch.Generator] | None
+# A torch generator, or a numpy one (engine/noise.py: the stream the onnx engine's graph reads too).
+NoiseGenerator = torch.Generator | np.random.Generator
+GeneratorArg = NoiseGenerator | Sequence[NoiseGenerator] | None
 
 
 class Vits(nn.Module):
@@ -660,23 +664,28 @@ class Vits(nn.Module):
     # -- noise ------------------------------------------------------------------------------------
 
     @staticmethod
-    def _generators(generator: GeneratorArg, batch: int) -> list[torch.Generator | None]:
-        if generator is None or isinstance(generator, torch.Generator):
+    def _generators(generator: GeneratorArg, batch: int) -> list[NoiseGenerator | None]:
+        if generator is None or isinstance(generator, torch.Generator | np.random.Generator):
             return [generator] * batch
-        generators: list[torch.Generator | None] = list(generator)
+        generators: list[NoiseGenerator | None] = list(generator)
         if len(generators) != batch:
             raise ValueError(f"{len(generators)} generators for a batch of {batch}")
         return generators
 
     def _draw(
-        self, generators: list[torch.Generator | None], channels: int, lengths: list[int], width: int
+        self, generators: list[NoiseGenerator | None], channels: int, lengths: list[int], width: int
     ) -> torch.Tensor:
         """Standard normal noise [B, channels, width], drawn per item at its own length (zeros after),
-        so an item's noise depends only on its generator, never on what it is batched with."""
+        so an item's noise depends only on its generator, never on what it is batched with. A numpy
+        generator's values are laid out row-major, as the onnx graph reshapes its noise feed."""
         items = []
         for gen, length in zip(generators, lengths, strict=False):
-            device = gen.device if gen is not None else self.device
-            eps = torch.randn((channels, length), generator=gen, device=device, dtype=torch.float32)
+            if isinstance(gen, np.random.Generator):
+                flat = gen.standard_normal(channels * length, dtype=np.float32)
+                eps = torch.from_numpy(flat).reshape(channels, length)
+            else:
+                device = gen.device if gen is not None else self.device
+                eps = torch.randn((channels, length), generator=gen, device=device, dtype=torch.float32)
             items.append(F.pad(eps.to(self.device), (0, width - length)))
         return torch.stack(items)
 
@@ -694,7 +703,7 @@ class Vits(nn.Module):
         lengths: torch.Tensor,
         length_scale: float,
         noise_w: float,
-        generators: list[torch.Generator | None],
+        generators: list[NoiseGenerator | None],
         noise: dict | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         b, t = phoneme_ids.shape

@@ -12,9 +12,9 @@ a Trigger filtering on the request type would otherwise feed our reply back to u
   text's length, pace and format) is refused with 413 before synthesis, the message saying to pass
   ``output``; the rare text that reads much longer than it is written is still caught after synthesis.
 
-Without a ``seed`` in the data, an engine that can seed its noise (torch) gets one derived from the
-event's (source, id): a redelivery gets the same audio, inline or not. onnx cannot seed, so an inline
-redelivery there is synthesized afresh (different noise); with ``output`` the stored reply is returned.
+Without a ``seed`` in the data, the noise is seeded from the event's (source, id) (both engines seed,
+engine/noise.py): a redelivery gets the same audio, inline or not; with ``output`` the stored reply is
+returned without synthesis.
 
 ``output`` must lie under one of CE_OUTPUT_PREFIXES (403 otherwise, before storage is touched).
 

@@ -50,6 +50,37 @@ def test_torch_engine_matches_onnxruntime_without_noise(engines):
 
 
 @pytest.mark.parametrize("per_batch", [1, 16], ids=["one sentence per pass (CPU)", "padded batches (GPU)"])
+def test_a_seed_gives_the_same_noisy_audio_on_onnxruntime_as_on_torch(engines, monkeypatch, per_batch):
+    torch_engine, onnx_engine = engines
+    monkeypatch.setattr(torch_engine, "sentences_per_batch", per_batch)
+    seeded = SynthesisParams(seed=2026)  # the voice's own noise_scale 0.667 and noise_w 0.8
+
+    ours = torch_engine.synthesize(TEXTS, seeded)
+    reference = onnx_engine.synthesize(TEXTS, seeded)
+    unseeded = onnx_engine.synthesize(TEXTS[1:2], SynthesisParams())[0]
+
+    for a, b in zip(ours, reference, strict=True):
+        assert a.shape == b.shape  # the same noisy durations, so the same length
+        assert np.abs(a - b).max() <= 1e-3
+    # Noise that matters: without the seed the same text comes out at another length or other samples.
+    assert unseeded.shape != reference[1].shape or np.abs(unseeded - reference[1]).max() > 0.05
+
+
+def test_onnxruntime_reads_a_longer_noise_feed_for_a_sentence_slower_than_its_first_guess(
+    engines, monkeypatch
+):
+    _, onnx_engine = engines
+    seeded = SynthesisParams(seed=7, length_scale=1.0)
+    expected = onnx_engine.synthesize(TEXTS[1:2], seeded)[0]
+
+    # One frame a phoneme is far too few for any sentence: every run needs the retry's longer feed.
+    monkeypatch.setattr("predictor.engine.exported.FRAMES_PER_PHONEME", 1)
+    again = onnx_engine.synthesize(TEXTS[1:2], seeded)[0]
+
+    np.testing.assert_array_equal(again, expected)
+
+
+@pytest.mark.parametrize("per_batch", [1, 16], ids=["one sentence per pass (CPU)", "padded batches (GPU)"])
 def test_texts_batched_together_equal_each_alone(engines, monkeypatch, per_batch):
     torch_engine, _ = engines
     monkeypatch.setattr(torch_engine, "sentences_per_batch", per_batch)
