@@ -279,3 +279,56 @@ def test_compile_1_compiles_nothing_on_a_short_request(compiled):
     engine.synthesize(["Hi."], SynthesisParams(noise_scale=0.0, noise_w=0.0))  # ~40 frames
 
     assert stats["unique_graphs"] == graphs
+
+
+def test_an_encoder_split_before_its_noise_was_an_input_is_rewritten_at_load_and_seeds_the_same(
+    engines, voice_dir, tmp_path
+):
+    import shutil
+
+    import onnx
+
+    from predictor.engine.voice_files import ENCODER_ONNX, NOISE_NAME
+
+    _, onnx_engine = engines
+    old = tmp_path / "old-voice"
+    shutil.copytree(voice_dir, old)
+    encoder = onnx.load(str(old / ENCODER_ONNX))
+    # Back to what earlier publishes wrote: the noise drawn inside by RandomNormalLike.
+    _undo_feed_noise(encoder)
+    onnx.save(encoder, str(old / ENCODER_ONNX))
+    assert NOISE_NAME not in [i.name for i in onnx.load(str(old / ENCODER_ONNX)).graph.input]
+
+    loaded = OnnxEngine(device="cpu", threads=2)
+    loaded.load(old)
+    seeded = SynthesisParams(seed=11)
+
+    np.testing.assert_array_equal(
+        loaded.synthesize(TEXTS[1:2], seeded)[0], onnx_engine.synthesize(TEXTS[1:2], seeded)[0]
+    )
+
+
+def _undo_feed_noise(encoder) -> None:
+    from onnx import helper
+
+    from predictor.engine.voice_files import NOISE_NAME
+
+    graph = encoder.graph
+    kept, k = [], 0
+    for node in graph.node:
+        if node.name.startswith(f"{NOISE_NAME}/") or node.output[0].startswith(f"{NOISE_NAME}/"):
+            if node.op_type == "Reshape":
+                shape_source = next(n for n in graph.node if n.output[0] == node.input[1]).input[0]
+                kept.append(
+                    helper.make_node(
+                        "RandomNormalLike", [shape_source], [node.output[0]], name=f"/rnl{k}", dtype=1
+                    )
+                )
+                k += 1
+            continue
+        kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    inputs = [i for i in graph.input if i.name != NOISE_NAME]
+    del graph.input[:]
+    graph.input.extend(inputs)
