@@ -14,6 +14,11 @@ Memory stays bounded by a segment, not by the text: a 50,000-character chapter s
 sentence. A client that hangs up cancels what is left: the engine stops at the next window, and later
 segments are never queued.
 
+An ``input`` that starts with ``<speak`` is SSML (predictor/ssml.py: breaks, prosody rate, sub,
+say-as, p and s): each span is segmented as plain text at its own pace, and a ``<break>`` is exact
+silence between crossfaded runs (neither faded into nor shortened). Other text with ``<`` in it stays
+plain text.
+
 OpenAI's model and voice names are accepted as aliases (MODEL_ALIASES, VOICE_ALIASES), so clients
 written for OpenAI work unchanged.
 """
@@ -21,8 +26,10 @@ written for OpenAI work unchanged.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -30,7 +37,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from predictor import text
+from predictor import ssml, text
 from predictor.api.handlers import validation_problems
 from predictor.audio import codecs, crossfade
 from predictor.config import Settings
@@ -44,6 +51,24 @@ from predictor.serving.service import TTSService
 SPEED_RANGE = (0.25, 4.0)
 STREAM_FORMATS = ("audio", "sse")
 SSE_MEDIA_TYPE = "text/event-stream"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Text the engine speaks in one call, with the parameters of its span."""
+
+    text: str
+    params: SynthesisParams
+
+
+@dataclass(frozen=True)
+class Silence:
+    """An SSML break: exactly this many samples of silence."""
+
+    samples: int
+
+
+Piece = Segment | Silence
 
 
 class VoiceId(BaseModel):
@@ -100,21 +125,25 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         params = SynthesisParams(length_scale=1.0 / body.speed, voice=voice)
         service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
         started = time.monotonic()
-        segments = await off_loop(len(body.input), _prepared, body.input, settings.max_segment_chars)
-        if not segments:
+        segments = await off_loop(
+            len(body.input), _prepared, body.input, settings.max_segment_chars, params, service.sample_rate
+        )
+        spoken = [s for s in segments if isinstance(s, Segment)]
+        if not spoken:
             raise NothingToSpeak("input has nothing to speak (no phonemes)")
-        service.check_work(sum(map(len, segments)), len(segments), params.length_scale)
+        # Characters at the request's pace (an SSML span at half the rate counts twice), and the breaks.
+        paced = sum(len(s.text) * (s.params.length_scale or 1.0) * body.speed for s in spoken)
+        silence_s = sum(s.samples for s in segments if isinstance(s, Silence)) / service.sample_rate
+        service.check_work(round(paced), len(spoken), params.length_scale, silence_s)
         if not (body.stream or body.stream_format is not None):
-            whole = np.concatenate(
-                [piece async for piece in _segments(service, segments, params, settings, started)]
-            )
+            whole = np.concatenate([piece async for piece in _segments(service, segments, settings, started)])
             return Response(
                 await off_loop(whole.nbytes, codecs.encode, whole, service.sample_rate, fmt),
                 media_type=codecs.FORMATS[fmt].media_type,
             )
         # Built here, not in the generator: a format that cannot stream is a 400, not a broken stream.
         encoder = codecs.StreamEncoder(fmt, service.sample_rate)
-        pieces = _windows(service, segments, params, settings, started)
+        pieces = _windows(service, segments, settings, started)
         # The first piece before the first byte: a 400 (nothing to speak) or 503 can still be one.
         first = await anext(pieces)
         chunks = _encoded(_prepend(first, pieces), encoder)
@@ -127,10 +156,23 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
     return routes
 
 
-def _prepared(source: str, max_segment_chars: int) -> list[str]:
+def _prepared(source: str, max_segment_chars: int, params: SynthesisParams, sample_rate: int) -> list[Piece]:
     """The input normalized and cut into its segments, all of them: their count bounds the request's
-    engine calls (MAX_ENGINE_CALLS) before the first one is made."""
-    return text.split_segments(text.normalize(source), max_segment_chars)
+    engine calls (MAX_ENGINE_CALLS) before the first one is made. SSML: each span's segments at the
+    span's pace, and its breaks as silences."""
+    if not ssml.is_ssml(source):
+        return [Segment(s, params) for s in text.split_segments(text.normalize(source), max_segment_chars)]
+    pieces: list[Piece] = []
+    base = params.length_scale or 1.0
+    for part in ssml.parse(source):
+        if isinstance(part, ssml.Break):
+            pieces.append(Silence(round(part.seconds * sample_rate)))
+            continue
+        paced = dataclasses.replace(params, length_scale=base / part.rate)
+        pieces += [
+            Segment(s, paced) for s in text.split_segments(text.normalize(part.text), max_segment_chars)
+        ]
+    return pieces
 
 
 def _voice(voice: str | VoiceId | None, service: TTSService, settings: Settings) -> str | None:
@@ -145,14 +187,17 @@ def _voice(voice: str | VoiceId | None, service: TTSService, settings: Settings)
 
 
 async def _segments(
-    service: TTSService, segments: list[str], params: SynthesisParams, settings: Settings, started: float
+    service: TTSService, segments: list[Piece], settings: Settings, started: float
 ) -> AsyncIterator[np.ndarray]:
     """Crossfaded PCM, one piece per segment synthesized whole (the last piece holds the tail)."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
     first = True
     for segment in segments:
+        if isinstance(segment, Silence):
+            yield np.concatenate([joiner.finish(), np.zeros(segment.samples, dtype=np.float32)])
+            continue
         try:
-            result = await service.synthesize([segment], params)
+            result = await service.synthesize([segment.text], segment.params)
         except NothingToSpeak:
             # A segment espeak-ng reads as nothing (a lone symbol it skips) is silence, not an error,
             # unless the whole input is: then the first piece below raises before any byte is sent.
@@ -168,14 +213,17 @@ async def _segments(
 
 
 async def _windows(
-    service: TTSService, segments: list[str], params: SynthesisParams, settings: Settings, started: float
+    service: TTSService, segments: list[Piece], settings: Settings, started: float
 ) -> AsyncIterator[np.ndarray]:
     """Crossfaded PCM, one piece per decoder window as it is decoded (the last piece holds the tail)."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
     first = True
     for segment in segments:
+        if isinstance(segment, Silence):
+            yield np.concatenate([joiner.finish(), np.zeros(segment.samples, dtype=np.float32)])
+            continue
         starts_segment = True
-        async for audio, _last in service.stream(segment, params):
+        async for audio, _last in service.stream(segment.text, segment.params):
             piece = joiner.push_piece(audio, starts_segment)
             starts_segment = False
             if first and len(piece):

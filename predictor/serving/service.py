@@ -203,9 +203,11 @@ class TTSService:
             # Once per request: the speech route checks its whole input itself, segment count included.
             self.check_work(sum(map(len, texts)), 1, params.length_scale)
 
-    def check_work(self, chars: int, engine_calls: int, length_scale: float | None) -> None:
+    def check_work(
+        self, chars: int, engine_calls: int, length_scale: float | None, silence_s: float = 0.0
+    ) -> None:
         """Refuse, with 413 before any synthesis, a request that would make more engine calls or more
-        audio than one request may (MAX_ENGINE_CALLS, MAX_REQUEST_AUDIO_S)."""
+        audio than one request may (MAX_ENGINE_CALLS, MAX_REQUEST_AUDIO_S); ``silence_s``: SSML breaks."""
         limit = self.settings.max_engine_calls
         if engine_calls > limit:
             raise PayloadTooLarge(
@@ -213,11 +215,12 @@ class TTSService:
                 f"is MAX_ENGINE_CALLS={limit}: join short sentences or split the request"
             )
         scale = length_scale if length_scale is not None else (self.settings.length_scale_default or 1.0)
-        seconds = text_prep.spoken_seconds_bound_chars(chars, scale)
+        seconds = text_prep.spoken_seconds_bound_chars(chars, scale) + silence_s
         if seconds > self.settings.max_request_audio_s:
+            breaks = f" and {silence_s:g} s of breaks" if silence_s else ""
             raise PayloadTooLarge(
                 f"the input may make up to {seconds:.0f} s of audio ({chars} characters at length_scale "
-                f"{scale:g}); the limit is MAX_REQUEST_AUDIO_S={self.settings.max_request_audio_s:g}: "
+                f"{scale:g}{breaks}); the limit is MAX_REQUEST_AUDIO_S={self.settings.max_request_audio_s:g}: "
                 "split the request"
             )
         admission = self._admission()

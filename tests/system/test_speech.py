@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 
 import httpx
+import numpy as np
 import pytest
 
+from predictor.audio import crossfade
 from testing.audio import check_encoded
 from testing.bodies import speech_request
 
@@ -112,6 +114,14 @@ BAD = {
     "speed too high": ({"input": "Hi.", "speed": 9}, "speed"),
     "unknown field": ({"input": "Hi.", "pitch": 2}, "pitch"),
     "unknown model": ({"input": "Hi.", "model": "tts-2"}, "tts-2"),
+    "SSML element outside the subset": ({"input": "<speak><audio src='a.wav'/></speak>"}, "<audio>"),
+    "malformed SSML": ({"input": "<speak>Hi.<break></speak>"}, "line 1"),
+    "SSML with a DTD": ({"input": "<!DOCTYPE speak><speak>Hi.</speak>"}, "DTD"),
+    "SSML declaring an entity": (
+        {"input": '<speak><!DOCTYPE speak [<!ENTITY a "b">]>&a;</speak>'},
+        "invalid SSML",
+    ),
+    "SSML break too long": ({"input": '<speak>Hi.<break time="30s"/></speak>'}, "longer than 10 s"),
 }
 
 
@@ -121,6 +131,58 @@ def test_bad_speech_requests_get_400_with_reason(predictor, body, reason):
 
     assert response.status_code == 400, response.text
     assert reason in response.json()["error"]
+
+
+def test_an_ssml_break_is_exact_silence_between_the_speech_of_its_two_sides(quiet_predictor, reference):
+    before, after = "Hello there.", "General Kenobi."
+
+    response = speech(quiet_predictor, f'<speak>{before}<break time="700ms"/>{after}</speak>', "pcm")
+
+    assert response.status_code == 200, response.text
+    gap = np.zeros(round(0.7 * 22050), dtype=np.float32)
+    expected = np.concatenate([reference.speech_route(before), gap, reference.speech_route(after)])
+    check_encoded(response.content, "pcm", expected, 22050)
+    samples = np.frombuffer(response.content, dtype="<i2")
+    start = len(reference.speech_route(before))
+    assert not samples[start : start + len(gap)].any()
+
+
+def test_ssml_prosody_rate_paces_its_span_and_sub_speaks_the_alias(quiet_predictor, reference):
+    document = '<speak><prosody rate="50%">Slowly now.</prosody><sub alias="Wonderful.">W.</sub></speak>'
+
+    response = speech(quiet_predictor, document, "pcm")
+
+    assert response.status_code == 200, response.text
+    expected = crossfade.join(
+        [reference.speak("Slowly now.", length_scale=2.0), reference.speak("Wonderful.")], 22050, 50.0
+    )
+    check_encoded(response.content, "pcm", expected, 22050)
+
+
+def test_ssml_streams_as_the_whole_file_does(quiet_predictor):
+    document = '<speak>One.<break time="300ms"/><prosody rate="fast">Two and three.</prosody></speak>'
+
+    whole = speech(quiet_predictor, document, "pcm")
+    with quiet_predictor.stream(
+        "/v1/audio/speech", json=speech_request(document, "pcm", stream=True)
+    ) as response:
+        streamed = response.read()
+
+    assert whole.status_code == response.status_code == 200
+    a, b = np.frombuffer(whole.content, "<i2"), np.frombuffer(streamed, "<i2")
+    assert len(a) == len(b) and np.abs(a.astype(int) - b).max() <= 1
+
+
+def test_ssml_refused_for_a_reason_known_before_synthesis_costs_no_engine_call(predictor):
+    before = predictor.metric("tts_batch_size_count")
+
+    response = predictor.post(
+        "/v1/audio/speech",
+        json=speech_request('<speak>Fine so far.<prosody volume="loud">Loud.</prosody></speak>', "wav"),
+    )
+
+    assert response.status_code == 400 and "'volume'" in response.json()["error"]
+    assert predictor.metric("tts_batch_size_count") == before
 
 
 def _peak_rss_bytes(pid: int) -> int:
