@@ -334,7 +334,7 @@ async def run(settings: Settings, cold_start: Future) -> bool:
             extension,
             GrpcInterceptor(settings.revision_name, recorder, service),
             settings,
-            StreamInferHandler(service, settings.model_name),
+            StreamInferHandler(service, settings.model_name, recorder),
         )
         servers.append(asyncio.create_task(grpc_server.start(), name="grpc"))
 

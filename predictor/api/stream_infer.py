@@ -17,11 +17,16 @@ SIGTERM lets the request in progress finish and answers the next with the error 
 draining"). A malformed request, or one that fails, gets one response with `error_message` set
 (Triton's stream error) and the stream stays open for the next request. A stream closed by the client
 stops the engine at the next window.
+
+Each request on the stream leaves one shadow record (as a ModelInfer call does), route
+`grpc:ModelStreamInfer`, id `<the call's x-request-id>/<the request's id, else its position>`, so
+the records of a mirrored stream pair up between revisions.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,13 +39,16 @@ from kserve.protocol.infer_type import InferRequest
 from predictor.api.checks import require_model
 from predictor.api.v2_codec import add_grpc_outputs, decode_v2
 from predictor.errors import BadRequest, PredictorError
+from predictor.serving.interceptor import call_request_id
 from predictor.serving.limits import TextLimits
 from predictor.serving.service import TTSService
+from predictor.shadow import recorder as records
 
 log = logging.getLogger("predictor.stream_infer")
 
 SERVICE = "inference.GRPCInferenceService"
 METHOD = f"/{SERVICE}/ModelStreamInfer"
+METHOD_ROUTE = "grpc:ModelStreamInfer"  # the route its requests are admitted and recorded under
 FINAL = "triton_final_response"
 EMPTY_FINAL = "triton_enable_empty_final_response"
 
@@ -83,9 +91,10 @@ def _varint(value: int) -> bytes:
 class StreamInferHandler(grpc.GenericRpcHandler):
     """Serves ModelStreamInfer; every other method falls through to KServe's servicer."""
 
-    def __init__(self, service: TTSService, model_name: str):
+    def __init__(self, service: TTSService, model_name: str, recorder: records.Recorder | None = None):
         self._service = service
         self._model_name = model_name
+        self._recorder = recorder
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         if handler_call_details.method != METHOD:
@@ -99,17 +108,32 @@ class StreamInferHandler(grpc.GenericRpcHandler):
     async def _stream(
         self, requests: AsyncIterator[pb.ModelInferRequest], _context: Any
     ) -> AsyncIterator[StreamResponse]:
+        n = 0
         async for request in requests:
+            record_id = f"{call_request_id()}/{request.id or n}"
+            n += 1
+            captured, token = records.begin() if self._recorder is not None else (None, None)
+            started, status = time.perf_counter(), 499  # unless it ends: the client closed the stream
             try:
                 # Each request on the stream is admitted as a unary call is (the interceptor admits
                 # ModelInfer): a drain lets it finish, and refuses the next one.
-                async with self._service.admit(request.id, "grpc:ModelStreamInfer"):
+                async with self._service.admit(request.id, METHOD_ROUTE):
                     async for response in self._answer(request):
                         yield response
+                status = 200
             except PredictorError as exc:
+                status = exc.http_status
                 if exc.http_status >= 500:
                     log.warning("stream request %r failed: %s", request.id, exc.message)
                 yield StreamResponse(error_message=exc.message)
+            except Exception:
+                status = 500
+                raise
+            finally:
+                if self._recorder is not None:
+                    records.end(token)
+                    seconds = time.perf_counter() - started
+                    self._recorder.submit(record_id, METHOD_ROUTE, status, seconds, captured)
 
     async def _answer(self, request: pb.ModelInferRequest) -> AsyncIterator[StreamResponse]:
         require_model(request.model_name, self._model_name)

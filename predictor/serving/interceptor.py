@@ -36,6 +36,12 @@ GRPC_SYNTHESIS_METHODS = frozenset({"ModelInfer"})
 # The call's request id, for the log line of an unexpected error (one interceptor serves every call).
 _REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("grpc_request_id", default="")
 
+
+def call_request_id() -> str:
+    """The id the interceptor gave the gRPC call this task serves ("" outside one)."""
+    return _REQUEST_ID.get()
+
+
 # KServe's errors and their status, as KServe's interceptor maps them; anything else reaching the
 # interceptor is a bug of ours. Mapped here so that a client's error is not logged with a traceback
 # (KServe's interceptor logs every one of them as an ERROR with its stack).

@@ -268,6 +268,31 @@ def test_grpc_model_infer_leaves_a_record_under_the_callers_id(stdout_predictor)
     assert got["text_sha256"] == recording.text_sha256(["Over gRPC."])
 
 
+def test_each_request_on_a_model_stream_infer_stream_leaves_a_record_of_its_own(stdout_predictor):
+    import tritonclient.grpc as triton_grpc
+
+    answers: list = []
+    client = triton_grpc.InferenceServerClient(stdout_predictor.grpc)
+    client.start_stream(
+        callback=lambda result, error: answers.append(error or result), headers={"x-request-id": "stream-1"}
+    )
+    for request_id, text in (("first", "Streamed once."), ("", "Streamed twice, longer.")):
+        inp = triton_grpc.InferInput("text", [1], "BYTES")
+        inp.set_data_from_numpy(np.array([text.encode()], dtype=object))
+        client.async_stream_infer("tts", [inp], request_id=request_id)
+    client.stop_stream()
+
+    got = _wait_for_records(stdout_predictor, "stream-1/first", "stream-1/1")
+
+    assert answers and not any(isinstance(a, Exception) for a in answers), answers[:1]
+    first, second = got["stream-1/first"], got["stream-1/1"]
+    assert first["route"] == second["route"] == "grpc:ModelStreamInfer"
+    assert first["status"] == second["status"] == 200
+    assert first["text_sha256"] == recording.text_sha256(["Streamed once."])
+    assert second["text_sha256"] == recording.text_sha256(["Streamed twice, longer."])
+    assert second["audio_s"] > first["audio_s"] > 0.5
+
+
 def test_speech_route_record_covers_every_segment_streamed_or_not(stdout_predictor):
     body = {"model": "tts", "input": "First sentence here. And a second one.", "response_format": "pcm"}
     whole = stdout_predictor.post("/v1/audio/speech", json=body, headers={"X-Request-Id": "speech-1"})
