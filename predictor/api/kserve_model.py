@@ -17,6 +17,7 @@ from predictor.api.v2_codec import (
     encode_grpc,
 )
 from predictor.errors import NotReady
+from predictor.serving import pipeline
 from predictor.serving.limits import TextLimits
 from predictor.serving.offload import INLINE_BYTES, off_loop
 from predictor.serving.service import TTSService
@@ -63,6 +64,8 @@ class TTSModel(Model):
         # and normalizing or encoding a large one would hold the loop (and the probes) meanwhile.
         limits = TextLimits.of(self.service.settings)
         call = await off_loop(INLINE_BYTES + 1, decode_v2, payload, binary_outputs_requested(payload), limits)
-        result = await self.service.synthesize(call.texts, call.params)
+        result = await pipeline.synthesize(
+            self.service, call.texts, call.params, call.ssml, self.service.settings
+        )
         size = sum(a.nbytes for a in result.audio)
         return await off_loop(size, encode_grpc, call, result, self.name)

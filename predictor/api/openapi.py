@@ -116,7 +116,14 @@ def _schemas(settings: Settings) -> dict[str, Any]:
             "type": "object",
             "description": "Request parameters: the synthesis ones below, and those v2 clients send on their own "
             "(binary_data_output, priority, timeout, ...). Any other name is refused (400).",
-            "properties": {**synth, "binary_data_output": {"type": "boolean"}},
+            "properties": {
+                **synth,
+                "binary_data_output": {"type": "boolean"},
+                "ssml": {
+                    "type": "boolean",
+                    "description": "Each text is an SSML document (docs/protocol.md, SSML).",
+                },
+            },
             "additionalProperties": scalar,
         },
         "tensor_data": {

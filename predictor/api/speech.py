@@ -26,10 +26,8 @@ written for OpenAI work unchanged.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -37,13 +35,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from predictor import ssml, text
+from predictor import ssml
 from predictor.api.handlers import validation_problems
-from predictor.audio import codecs, crossfade
+from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
-from predictor.errors import BadRequest, NothingToSpeak
+from predictor.errors import BadRequest
 from predictor.observability import metrics
+from predictor.serving import pipeline
 from predictor.serving.offload import off_loop
 from predictor.serving.service import TTSService
 
@@ -51,24 +50,6 @@ from predictor.serving.service import TTSService
 SPEED_RANGE = (0.25, 4.0)
 STREAM_FORMATS = ("audio", "sse")
 SSE_MEDIA_TYPE = "text/event-stream"
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Text the engine speaks in one call, with the parameters of its span."""
-
-    text: str
-    params: SynthesisParams
-
-
-@dataclass(frozen=True)
-class Silence:
-    """An SSML break: exactly this many samples of silence."""
-
-    samples: int
-
-
-Piece = Segment | Silence
 
 
 class VoiceId(BaseModel):
@@ -126,27 +107,32 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
         started = time.monotonic()
         segments = await off_loop(
-            len(body.input), _prepared, body.input, settings.max_segment_chars, params, service.sample_rate
+            len(body.input),
+            pipeline.prepare,
+            body.input,
+            params,
+            settings.max_segment_chars,
+            service.sample_rate,
+            ssml.is_ssml(body.input),
         )
-        spoken = [s for s in segments if isinstance(s, Segment)]
-        if not spoken:
-            raise NothingToSpeak("input has nothing to speak (no phonemes)")
-        # Characters at the request's pace (an SSML span at half the rate counts twice), and the breaks.
-        paced = sum(len(s.text) * (s.params.length_scale or 1.0) * body.speed for s in spoken)
-        silence_s = sum(s.samples for s in segments if isinstance(s, Silence)) / service.sample_rate
-        service.check_work(round(paced), len(spoken), params.length_scale, silence_s)
+        pipeline.check(service, segments, params)
+
+        def first_audio() -> None:
+            metrics.FIRST_PACKET_SECONDS.observe(time.monotonic() - started)
+
         if not (body.stream or body.stream_format is not None):
-            whole = np.concatenate([piece async for piece in _segments(service, segments, settings, started)])
+            pieces = pipeline.whole(service, segments, settings.crossfade_ms, first_audio)
+            whole = np.concatenate([piece async for piece in pieces])
             return Response(
                 await off_loop(whole.nbytes, codecs.encode, whole, service.sample_rate, fmt),
                 media_type=codecs.FORMATS[fmt].media_type,
             )
         # Built here, not in the generator: a format that cannot stream is a 400, not a broken stream.
         encoder = codecs.StreamEncoder(fmt, service.sample_rate)
-        pieces = _windows(service, segments, settings, started)
+        windows = pipeline.windows(service, segments, settings.crossfade_ms, first_audio)
         # The first piece before the first byte: a 400 (nothing to speak) or 503 can still be one.
-        first = await anext(pieces)
-        chunks = _encoded(_prepend(first, pieces), encoder)
+        first = await anext(windows)
+        chunks = _encoded(_prepend(first, windows), encoder)
         if body.stream_format == "sse":
             return StreamingResponse(
                 _events(chunks), media_type=SSE_MEDIA_TYPE, headers={"cache-control": "no-cache"}
@@ -154,25 +140,6 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         return StreamingResponse(chunks, media_type=encoder.media_type)
 
     return routes
-
-
-def _prepared(source: str, max_segment_chars: int, params: SynthesisParams, sample_rate: int) -> list[Piece]:
-    """The input normalized and cut into its segments, all of them: their count bounds the request's
-    engine calls (MAX_ENGINE_CALLS) before the first one is made. SSML: each span's segments at the
-    span's pace, and its breaks as silences."""
-    if not ssml.is_ssml(source):
-        return [Segment(s, params) for s in text.split_segments(text.normalize(source), max_segment_chars)]
-    pieces: list[Piece] = []
-    base = params.length_scale or 1.0
-    for part in ssml.parse(source):
-        if isinstance(part, ssml.Break):
-            pieces.append(Silence(round(part.seconds * sample_rate)))
-            continue
-        paced = dataclasses.replace(params, length_scale=base / part.rate)
-        pieces += [
-            Segment(s, paced) for s in text.split_segments(text.normalize(part.text), max_segment_chars)
-        ]
-    return pieces
 
 
 def _voice(voice: str | VoiceId | None, service: TTSService, settings: Settings) -> str | None:
@@ -184,53 +151,6 @@ def _voice(voice: str | VoiceId | None, service: TTSService, settings: Settings)
         return settings.voice_aliases[name] or None
     names = [*service.voices, *settings.voice_aliases]
     raise BadRequest(f"unknown voice {name!r}; this server accepts {', '.join(names)}")
-
-
-async def _segments(
-    service: TTSService, segments: list[Piece], settings: Settings, started: float
-) -> AsyncIterator[np.ndarray]:
-    """Crossfaded PCM, one piece per segment synthesized whole (the last piece holds the tail)."""
-    joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
-    first = True
-    for segment in segments:
-        if isinstance(segment, Silence):
-            yield np.concatenate([joiner.finish(), np.zeros(segment.samples, dtype=np.float32)])
-            continue
-        try:
-            result = await service.synthesize([segment.text], segment.params)
-        except NothingToSpeak:
-            # A segment espeak-ng reads as nothing (a lone symbol it skips) is silence, not an error,
-            # unless the whole input is: then the first piece below raises before any byte is sent.
-            continue
-        piece = joiner.push(result.audio[0])
-        if first:
-            metrics.FIRST_PACKET_SECONDS.observe(time.monotonic() - started)
-            first = False
-        yield piece
-    if first:
-        raise NothingToSpeak("input has nothing to speak (no phonemes)")
-    yield joiner.finish()
-
-
-async def _windows(
-    service: TTSService, segments: list[Piece], settings: Settings, started: float
-) -> AsyncIterator[np.ndarray]:
-    """Crossfaded PCM, one piece per decoder window as it is decoded (the last piece holds the tail)."""
-    joiner = crossfade.CrossfadeJoiner(service.sample_rate, settings.crossfade_ms)
-    first = True
-    for segment in segments:
-        if isinstance(segment, Silence):
-            yield np.concatenate([joiner.finish(), np.zeros(segment.samples, dtype=np.float32)])
-            continue
-        starts_segment = True
-        async for audio, _last in service.stream(segment.text, segment.params):
-            piece = joiner.push_piece(audio, starts_segment)
-            starts_segment = False
-            if first and len(piece):
-                metrics.FIRST_PACKET_SECONDS.observe(time.monotonic() - started)
-                first = False
-            yield piece
-    yield joiner.finish()
 
 
 async def _prepend(first: np.ndarray, rest: AsyncIterator[np.ndarray]) -> AsyncIterator[np.ndarray]:

@@ -24,6 +24,7 @@ from predictor.api.v2_codec import (
 )
 from predictor.config import Settings
 from predictor.errors import BadRequest
+from predictor.serving import pipeline
 from predictor.serving.limits import TextLimits
 from predictor.serving.offload import off_loop
 from predictor.serving.service import TTSService
@@ -43,7 +44,7 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         body = await request.body()
         headers = {k.lower(): v for k, v in request.headers.items()}
         call = await off_loop(len(body), decode, body, headers)
-        result = await service.synthesize(call.texts, call.params)
+        result = await pipeline.synthesize(service, call.texts, call.params, call.ssml, settings)
         content, response_headers = await off_loop(
             sum(a.nbytes for a in result.audio), encode_rest, call, result, name
         )

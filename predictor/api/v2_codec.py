@@ -17,7 +17,7 @@ from predictor.api.handlers import validation_problems
 from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
 from predictor.serving.limits import TextLimits
-from predictor.serving.params import decode_texts, parse_params, plain_value
+from predictor.serving.params import decode_texts, markup_flag, parse_params, plain_value
 from predictor.serving.service import SynthesisResult
 
 OUTPUTS = ("audio", "audio_length")
@@ -151,6 +151,7 @@ class V2Call:
     texts: list[str]
     params: SynthesisParams
     outputs: list[tuple[str, bool]]  # (output name, send as raw/binary)
+    ssml: bool = False  # parameter ssml: each text is an SSML document (serving/pipeline.py)
 
 
 def binary_outputs_requested(payload: InferRequest) -> bool:
@@ -179,15 +180,18 @@ def decode_v2(payload: InferRequest, binary_default: bool, limits: TextLimits) -
             outputs.append((r.name, binary_default if flag is None else flag))
     else:
         outputs = [(name, binary_default) for name in OUTPUTS]
+    parameters = dict(payload.parameters or {})
+    markup = markup_flag(parameters.pop("ssml", None))
     return V2Call(
         request_id=payload.id or "",
-        texts=_texts(payload, limits),
-        params=parse_params(payload.parameters, strings_allowed=payload.from_grpc),
+        texts=_texts(payload, limits, normalize=not markup),
+        params=parse_params(parameters, strings_allowed=payload.from_grpc),
         outputs=outputs,
+        ssml=markup,
     )
 
 
-def _texts(payload: InferRequest, limits: TextLimits) -> list[str]:
+def _texts(payload: InferRequest, limits: TextLimits, normalize: bool) -> list[str]:
     if len(payload.inputs) != 1 or payload.inputs[0].name != "text":
         names = [i.name for i in payload.inputs]
         raise BadRequest(f"expected exactly one input named 'text', got {names}")
@@ -203,7 +207,7 @@ def _texts(payload: InferRequest, limits: TextLimits) -> list[str]:
         raise BadRequest(f"input 'text' cannot be read: {exc}") from None
     if data.size != shape[0]:
         raise BadRequest(f"input 'text' has shape {shape} but {data.size} elements")
-    return decode_texts(data.tolist(), limits=limits)
+    return decode_texts(data.tolist(), limits=limits, normalize=normalize)
 
 
 def _tensors(result: SynthesisResult) -> dict[str, tuple[np.ndarray, str, str]]:

@@ -1,7 +1,7 @@
 """CloudEvents on the v1 predict path, as a Knative Trigger delivers them (binary or structured mode).
 
 Request: type CE_REQUEST_TYPE, data {"text": "...", "voice"?, "format"?, "output"?, "length_scale"?,
-"noise_scale"?, "noise_w"?, "seed"?}. Reply: same mode, type CE_REPLY_TYPE (never the request's type:
+"noise_scale"?, "noise_w"?, "seed"?, "ssml"?} (``ssml: true``: the text is an SSML document). Reply: same mode, type CE_REPLY_TYPE (never the request's type:
 a Trigger filtering on the request type would otherwise feed our reply back to us forever), extension
 `inreplyto` = the request event's id, and data
 
@@ -53,14 +53,15 @@ from predictor.events.outputs import (
     now_iso,
     parse_output_uri,
 )
+from predictor.serving import pipeline
 from predictor.serving.limits import TextLimits
-from predictor.serving.params import decode_texts, parse_params
+from predictor.serving.params import decode_texts, markup_flag, parse_params
 from predictor.serving.service import TTSService
 
 STRUCTURED = "application/cloudevents+json"
 DEFAULT_FORMAT = "wav"
 # Data fields that are not synthesis parameters; everything else goes through parse_params.
-_EVENT_FIELDS = ("text", "format", "output")
+_EVENT_FIELDS = ("text", "format", "output", "ssml")
 # Namespace of reply ids (uuid5 of the request's event key): any fixed UUID would do.
 _REPLY_IDS = uuid.UUID("5b0c2f0e-8a0b-4f57-9a43-3f4c4e6f1d2a")
 
@@ -82,6 +83,7 @@ class SynthesisEvent:
     format: codecs.Format
     output: OutputTarget | None
     data_sha256: str  # of the data as canonical JSON: tells a redelivery with other data apart
+    ssml: bool = False  # data.ssml: the text is an SSML document (serving/pipeline.py)
 
     @property
     def key(self) -> str:
@@ -133,7 +135,10 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     params = parse_params(
         {k: v for k, v in data.items() if k not in _EVENT_FIELDS}, strings_allowed=False, extra_ok=set()
     )
-    (text,) = decode_texts([data["text"]], "data.text", TextLimits.of(settings, max_items=1))
+    markup = markup_flag(data.get("ssml"), "data.ssml")
+    (text,) = decode_texts(
+        [data["text"]], "data.text", TextLimits.of(settings, max_items=1), normalize=not markup
+    )
     output = _output(data["output"], settings) if data.get("output") is not None else None
     return SynthesisEvent(
         event=event,
@@ -143,6 +148,7 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
         format=_format(data.get("format", DEFAULT_FORMAT)),
         output=output,
         data_sha256=hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest(),
+        ssml=markup,
     )
 
 
@@ -218,6 +224,12 @@ async def complete(
     """Do what the event asks: synthesize, then write the output once, or carry the audio inline."""
     # Refuse a bad text or voice before storage is asked anything: a 400 must not depend on S3.
     service.check([request.text], request.params)
+    if request.ssml:
+        # The document too: bad markup is a 400 before storage is asked anything, as a bad text is.
+        pieces = pipeline.prepare(
+            request.text, request.params, settings.max_segment_chars, service.sample_rate, markup=True
+        )
+        pipeline.check(service, pieces, request.params)
     assert service.engine is not None  # check() requires ready
     if request.params.seed is None and service.engine.supports_seed:
         # The noise follows from the event, so a redelivery (same source and id) gets the same audio.
@@ -254,7 +266,9 @@ async def complete(
 
 
 async def _synthesize(request: SynthesisEvent, service: TTSService) -> EncodedAudio:
-    result = await service.synthesize([request.text], request.params)
+    result = await pipeline.synthesize(
+        service, [request.text], request.params, request.ssml, service.settings
+    )
     fmt = request.format
     # Encoding (MP3, Opus) costs CPU time: off the event loop, like synthesis.
     data = await asyncio.to_thread(codecs.encode, result.audio[0], result.sample_rate, fmt.name)

@@ -100,14 +100,27 @@ def parse_params(
     return SynthesisParams(**values)
 
 
-def decode_texts(items: Any, where: str = "text", limits: TextLimits | None = None) -> list[str]:
+def markup_flag(value: Any, where: str = "parameter ssml") -> bool:
+    """Whether a request's texts are SSML (predictor/ssml.py): a boolean, absent meaning false."""
+    value = plain_value(value)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"{where} must be a boolean, got {value!r}")
+    return value
+
+
+def decode_texts(
+    items: Any, where: str = "text", limits: TextLimits | None = None, normalize: bool = True
+) -> list[str]:
     """Texts as every protocol sends them (str or UTF-8 bytes), normalized once, here at the boundary:
     control characters (NUL included) and lone surrogates become spaces, so none ever reaches
     espeak-ng; see text.normalize.
 
     ``limits`` are checked first, on the texts as sent (decoding and counting characters run in C,
     normalizing runs in Python): a text far over MAX_TEXT_CHARS is refused in microseconds instead of being
-    normalized first, which held the event loop for seconds.
+    normalized first, which held the event loop for seconds. SSML documents (``normalize`` false) are
+    normalized span by span once parsed (serving/pipeline.py), never as markup.
     """
     if limits is not None:
         check_count(len(items), limits.max_items)
@@ -124,5 +137,5 @@ def decode_texts(items: Any, where: str = "text", limits: TextLimits | None = No
             raise BadRequest(f"{where}[{i}] must be a UTF-8 string, got {type(item).__name__}")
         if limits is not None:
             check_length(i, len(item), limits.max_chars)
-        out.append(text_prep.normalize(item))
+        out.append(text_prep.normalize(item) if normalize else item)
     return out

@@ -265,3 +265,61 @@ def test_an_inline_event_delivered_twice_without_a_seed_gets_the_same_audio_on_t
     assert first.status_code == again.status_code == other.status_code == 200, first.text
     assert first.json()["audio_base64"] == again.json()["audio_base64"]
     assert first.json()["sha256"] != other.json()["sha256"]
+
+
+# --- SSML on v2 and CloudEvents (parameter ssml / data.ssml) --------------------------------------
+SSML_SIDES = ("Hello there.", "General Kenobi.")
+SSML_DOCUMENT = (
+    f'<speak>{SSML_SIDES[0]}<break time="400ms"/><prosody rate="50%">{SSML_SIDES[1]}</prosody></speak>'
+)
+
+
+def _ssml_expected(reference) -> np.ndarray:
+    return np.concatenate(
+        [
+            reference.speech_route(SSML_SIDES[0]),
+            np.zeros(round(0.4 * 22050), dtype=np.float32),
+            reference.speech_route(SSML_SIDES[1], speed=0.5),
+        ]
+    )
+
+
+def test_an_ssml_text_over_v2_rest_and_grpc_is_the_speech_routes_audio(predictor, reference):
+    rest = predictor.post("/v2/models/tts/infer", json=v2_request(SSML_DOCUMENT, ssml=True, **QUIET))
+    client = triton_grpc.InferenceServerClient(predictor.grpc)
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([SSML_DOCUMENT.encode()], dtype=object))
+    grpc_result = client.infer("tts", [text], parameters={"ssml": True, "noise_scale": 0.0, "noise_w": 0.0})
+
+    assert rest.status_code == 200, rest.text
+    check_samples(audio_of(rest.json()), _ssml_expected(reference))
+    grpc_audio = grpc_result.as_numpy("audio")[0, : int(grpc_result.as_numpy("audio_length")[0])]
+    np.testing.assert_array_equal(grpc_audio, audio_of(rest.json()))
+
+
+def test_an_ssml_event_is_the_speech_routes_audio(predictor, reference):
+    data = json.dumps({"text": SSML_DOCUMENT, "ssml": True, "format": "wav", **QUIET})
+
+    response = predictor.post("/v1/models/tts:predict", headers=cloudevent_headers("ssml-1"), content=data)
+
+    assert response.status_code == 200, response.text
+    check_encoded(base64.b64decode(response.json()["audio_base64"]), "wav", _ssml_expected(reference), 22050)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "text", "named"),
+    [
+        ({"ssml": True}, "<speak><audio/></speak>", "<audio>"),
+        ({"ssml": "yes"}, "<speak>Hi.</speak>", "parameter ssml must be a boolean"),
+        ({"ssml": True}, "Hi <b>there</b>", "starts with <speak>"),
+    ],
+)
+def test_bad_ssml_over_v2_is_400_naming_the_problem_before_any_engine_call(
+    predictor, parameters, text, named
+):
+    before = predictor.metric("tts_batch_size_count")
+
+    response = predictor.post("/v2/models/tts/infer", json=v2_request(text, **parameters))
+
+    assert response.status_code == 400 and named in response.json()["error"], response.text
+    assert predictor.metric("tts_batch_size_count") == before
