@@ -78,7 +78,9 @@ def parse(source: str) -> list[Part]:
     """The document's spans and breaks in reading order; adjacent text at one rate is one span, and a
     span ends at every <p>, <s> and <break> boundary."""
     if not source.lstrip().startswith("<"):
-        raise BadRequest("invalid SSML: a document starts with <speak> (or an XML declaration), not with text")
+        raise BadRequest(
+            "invalid SSML: a document starts with <speak> (or an XML declaration), not with text"
+        )
     return _Reader().read(source)
 
 
