@@ -3,7 +3,8 @@
 KServe's servicer has no streaming method, so this handler adds it to the same service name
 (`inference.GRPCInferenceService`), where Triton's clients (`tritonclient.grpc` `start_stream` /
 `async_stream_infer`) look for it. Each request on the stream carries one text (input `text`, BYTES,
-shape [1]) and the usual v2 parameters; it is synthesized through the shared queue and decoded in
+shape [1]) and the usual v2 parameters (with ``ssml`` true the text is an SSML document, streamed
+through serving/pipeline.py as the speech route streams it); it is synthesized through the shared queue and decoded in
 windows (engine/windows.py), and each window goes back as soon as it is decoded: outputs `audio`
 FP32 [1, S] and `audio_length` INT64 [1], the request's id echoed, parameter `sample_rate`.
 
@@ -39,6 +40,7 @@ from kserve.protocol.infer_type import InferRequest
 from predictor.api.checks import require_model
 from predictor.api.v2_codec import add_grpc_outputs, decode_v2
 from predictor.errors import BadRequest, PredictorError
+from predictor.serving import pipeline
 from predictor.serving.interceptor import call_request_id
 from predictor.serving.limits import TextLimits
 from predictor.serving.service import TTSService
@@ -154,7 +156,16 @@ class StreamInferHandler(grpc.GenericRpcHandler):
             raise BadRequest(f"a streamed request carries one text (shape [1]), got {len(call.texts)}")
         raw = all(binary for _, binary in call.outputs)
         sample_rate = self._service.sample_rate
-        async for audio, last in self._service.stream(call.texts[0], call.params):
+        if call.ssml:
+            settings = self._service.settings
+            pieces = pipeline.prepare(
+                call.texts[0], call.params, settings.max_segment_chars, sample_rate, True
+            )
+            pipeline.check(self._service, pieces, call.params)
+            windows = _with_last(pipeline.windows(self._service, pieces, settings.crossfade_ms))
+        else:
+            windows = self._service.stream(call.texts[0], call.params)
+        async for audio, last in windows:
             response = pb.ModelInferResponse(model_name=self._model_name, id=call.request_id)
             response.parameters["sample_rate"].int64_param = sample_rate
             response.parameters[FINAL].bool_param = last and not empty_final
@@ -168,3 +179,12 @@ class StreamInferHandler(grpc.GenericRpcHandler):
             response = pb.ModelInferResponse(model_name=self._model_name, id=call.request_id)
             response.parameters[FINAL].bool_param = True
             yield StreamResponse(infer_response=response)
+
+
+async def _with_last(pieces: AsyncIterator[np.ndarray]) -> AsyncIterator[tuple[np.ndarray, bool]]:
+    """Each piece with whether it is the last, one piece behind."""
+    held = await anext(pieces, None)
+    while held is not None:
+        following = await anext(pieces, None)
+        yield held, following is None
+        held = following

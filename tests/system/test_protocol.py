@@ -323,3 +323,22 @@ def test_bad_ssml_over_v2_is_400_naming_the_problem_before_any_engine_call(
 
     assert response.status_code == 400 and named in response.json()["error"], response.text
     assert predictor.metric("tts_batch_size_count") == before
+
+
+def test_an_ssml_text_over_model_stream_infer_streams_the_audio_v2_answers_whole(predictor):
+    results: list = []
+    client = triton_grpc.InferenceServerClient(predictor.grpc)
+    client.start_stream(callback=lambda result, error: results.append(error or result))
+    text = triton_grpc.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([SSML_DOCUMENT.encode()], dtype=object))
+    client.async_stream_infer("tts", [text], parameters={"ssml": True, "noise_scale": 0.0, "noise_w": 0.0})
+    client.stop_stream()
+    whole = predictor.post("/v2/models/tts/infer", json=v2_request(SSML_DOCUMENT, ssml=True, **QUIET)).json()
+
+    assert results and not any(isinstance(r, Exception) for r in results), results[:1]
+    assert len(results) > 2  # a piece per window and the breaks' runs, not one whole answer
+    finals = [r.get_response().parameters["triton_final_response"].bool_param for r in results]
+    assert finals == [False] * (len(results) - 1) + [True]
+    streamed = np.concatenate([r.as_numpy("audio")[0] for r in results])
+    assert len(streamed) == len(audio_of(whole))
+    assert np.abs(streamed - audio_of(whole)).max() <= 1e-3
