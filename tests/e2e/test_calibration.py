@@ -12,13 +12,15 @@ The traces, from zero, with the sentence the other e2e tests send (44 characters
   a fixed rate would be a burst on one machine and steady traffic on another).
 
 Given to the simulator, not predicted: the cold start the replay's pods had (from their logs; CPU
-contention on the node is not modelled, tests/e2e/test_simulator.py says why), and for the keda
-flavour the phase of the HPA's 15-second sync loop (set by when kube-controller-manager started).
+contention while pods start is not modelled, tests/e2e/test_simulator.py says why), the node's
+cores (node.cpus: four busy pods of one core each share two), and for the keda flavour the phase
+of the HPA's 15-second sync loop (set by when kube-controller-manager started).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,8 @@ def _calibrate(
     measured = replayed.summary()
     assert replayed.cold_start_s, "no pod became ready"
     cold = statistics.mean(replayed.cold_start_s.values())
-    overrides = []
+    # The node's cores, which every pod of the replay shares (each may take one: its CPU limit).
+    overrides = [f"node.cpus={os.cpu_count()}"]
     if overlay.startswith("keda"):
         up = next((t for t, kept, _ in replayed.samples if kept > 1), None)
         if up is not None:
