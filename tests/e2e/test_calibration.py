@@ -7,18 +7,20 @@ most replicas, replica-seconds and cold-start waits must land within 25 % of the
 The traces, from zero, with the sentence the other e2e tests send (44 characters):
 - one request after idle: what a first caller pays;
 - steady: one request every two seconds for a minute, well inside one pod;
-- a burst beyond one pod: Poisson arrivals at 3 a second for 40 s, more than one pod
-  serves (one core: about 0.55 s per sentence measured on the canary) and about what the node's
-  two cores can.
+- a burst beyond one pod: Poisson arrivals for 40 s at 1.6 times what one pod serves, by the profile
+  measured on the canary (one core: 0.22 s per sentence on a quiet node, 0.55 s on a loaded one, so
+  a fixed rate would be a burst on one machine and steady traffic on another).
 
 Given to the simulator, not predicted: the cold start the replay's pods had (from their logs; CPU
-contention on the node is not modelled, tests/e2e/test_simulator.py says why), and for the keda
-flavour the phase of the HPA's 15-second sync loop (set by when kube-controller-manager started).
+contention while pods start is not modelled, tests/e2e/test_simulator.py says why), the node's
+cores (node.cpus: four busy pods of one core each share two), and for the keda flavour the phase
+of the HPA's 15-second sync loop (set by when kube-controller-manager started).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,10 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 TRACES = {
     "one request after idle": f"idle:after=0,count=1,chars={len(SENTENCE)}",
     "steady": f"poisson:rate=0.5,duration=60,chars={len(SENTENCE)},seed=7",
-    "burst beyond one pod": f"poisson:rate=3,duration=40,chars={len(SENTENCE)},seed=7",
+    # {rate}: BURST_LOAD pods' worth of requests, from the measured profile.
+    "burst beyond one pod": "poisson:rate={rate:.2f},duration=40,chars=" + str(len(SENTENCE)) + ",seed=7",
 }
+BURST_LOAD = 1.6  # beyond one pod, inside what the node's two cores serve (one core a pod)
 METRICS = ("latency_p50_s", "latency_p99_s", "max_replicas", "replica_seconds", "cold_start_waits")
 HPA_SYNC_S = 15.0  # kube-controller-manager's --horizontal-pod-autoscaler-sync-period (default)
 
@@ -46,8 +50,8 @@ HPA_SYNC_S = 15.0  # kube-controller-manager's --horizontal-pod-autoscaler-sync-
 def _calibrate(
     cluster: Cluster, flavour: Any, name: str, overlay: str, prof: profiles.Profile, report: dict[str, Any]
 ) -> None:
-    traffic = trace.generate(TRACES[name])
     synthesis_s = prof.synthesis_s(len(SENTENCE))
+    traffic = trace.generate(TRACES[name].format(rate=BURST_LOAD / synthesis_s))
     rate = len(traffic) / max(traffic.times[-1], 1.0)
     # The traces mean what their names say on this profile (one pod serves 1 / synthesis_s per second).
     if name == "steady":
@@ -59,7 +63,8 @@ def _calibrate(
     measured = replayed.summary()
     assert replayed.cold_start_s, "no pod became ready"
     cold = statistics.mean(replayed.cold_start_s.values())
-    overrides = []
+    # The node's cores, which every pod of the replay shares (each may take one: its CPU limit).
+    overrides = [f"node.cpus={os.cpu_count()}"]
     if overlay.startswith("keda"):
         up = next((t for t, kept, _ in replayed.samples if kept > 1), None)
         if up is not None:

@@ -244,3 +244,22 @@ def test_a_revision_the_activator_never_left_goes_to_zero_at_the_retention_not_t
     assert values["kpa.pod_retention_s"] == 0 and values["kpa.scale_to_zero_grace_s"] == 30
     assert proxied == pytest.approx(30, abs=3)
     assert served - proxied == pytest.approx(30, abs=3)
+
+
+def test_pods_sharing_fewer_cores_than_are_busy_synthesize_slower_in_proportion():
+    # Four pods, each busy with one request, on a node of two cores: each takes twice the profile's
+    # time (tests/e2e/test_calibration.py: four e2e pods on the 2-core node). One core each: no change.
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    prof = profile.Profile(base_s=1.0, per_char_s=0.0, cold_start_s=1.0, phases_s={})
+    burst = trace.Trace([0.0, 0.0, 0.0, 0.0], [10] * 4, "four at once")
+
+    def latencies(cpus: float) -> list[float]:
+        run = simulator.simulate("keda", {**values, "replicas.start": 4, "node.cpus": cpus}, prof, burst)
+        return sorted(x for x in run.latencies if x is not None)
+
+    alone = latencies(0.0)
+    shared = latencies(2.0)
+    assert len(alone) == len(shared) == 4
+    assert max(alone) == pytest.approx(1.0, abs=0.05)
+    # The first two start with one and two busy (full speed); the third and fourth with three and four.
+    assert shared == pytest.approx([1.0, 1.0, 1.5, 2.0], abs=0.05)

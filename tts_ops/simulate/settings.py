@@ -28,6 +28,11 @@ KEYS: dict[str, tuple[Any, str]] = {
     "pod.startup_period_s": (0.0, "s, startupProbe.periodSeconds (0 = no startup probe)"),
     "pod.max_queue": (32, "requests waiting per pod before 503 (MAX_QUEUE)"),
     "pod.request_timeout_s": (30.0, "s, REQUEST_TIMEOUT_S: still queued at the pod after this -> 503"),
+    "node.cpus": (
+        0.0,
+        "cores the predictor pods share (0 = every pod has the core its profile was measured on); with "
+        "more pods busy than cores, a synthesis takes busy / cores times the profile's",
+    ),
     "replicas.min": (0, "minReplicas / minReplicaCount"),
     "replicas.max": (4, "maxReplicas / maxReplicaCount"),
     "replicas.start": (0, "pods ready when the trace starts (0: scaled to zero)"),

@@ -205,8 +205,17 @@ class Simulation:
         if pod.busy:
             pod.queue.append(i)
         else:
-            pod.busy = True
-            self._push(self.now + self.profile.synthesis_s(self.trace.chars[i]), _COMPLETE, (pod, i))
+            self._synthesize(pod, i)
+
+    def _synthesize(self, pod: Pod, i: int) -> None:
+        """Start request i's synthesis on pod. Where the pods share fewer cores than are busy
+        (node.cpus), each runs slower in proportion, fixed at the start (a coarse processor share)."""
+        pod.busy = True
+        seconds = self.profile.synthesis_s(self.trace.chars[i])
+        cpus = self.v["node.cpus"]
+        if cpus > 0:
+            seconds *= max(1.0, sum(1 for p in self.pods if p.busy) / cpus)
+        self._push(self.now + seconds, _COMPLETE, (pod, i))
 
     def _least_loaded(self) -> Pod | None:
         best = None
@@ -320,9 +329,7 @@ class Simulation:
         while pod.queue and self.now - self.forwarded[pod.queue[0]] > self.v["pod.request_timeout_s"]:
             self._reject(pod.queue.popleft())
         if pod.queue:
-            nxt = pod.queue.popleft()
-            pod.busy = True
-            self._push(self.now + self.profile.synthesis_s(self.trace.chars[nxt]), _COMPLETE, (pod, nxt))
+            self._synthesize(pod, pod.queue.popleft())
         elif pod.state == "draining":
             self._gone(pod)
         self._dispatch()
