@@ -20,7 +20,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from predictor.api.speech import STREAM_FORMATS, SpeechRequest
+from predictor.api.speech import STREAM_FORMATS, TIMESTAMPS, SpeechRequest
 from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SEED_LIMIT, SynthesisParams
@@ -89,6 +89,7 @@ def _speech_request(settings: Settings) -> dict[str, Any]:
     props["response_format"]["enum"] = codecs.supported_formats()
     # OpenAPI 3.0: a nullable enum lists null among its values.
     props["stream_format"]["enum"] = [*STREAM_FORMATS, None]
+    props["timestamps"]["enum"] = [*TIMESTAMPS, None]
     return schema
 
 

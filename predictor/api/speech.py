@@ -40,6 +40,7 @@ from predictor.api.handlers import validation_problems
 from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
+from predictor.engine.words import Word
 from predictor.errors import BadRequest
 from predictor.observability import metrics
 from predictor.serving import pipeline
@@ -75,6 +76,13 @@ class SpeechRequest(BaseModel):
     # OpenAI's style prompt for its newer models; a VITS voice has nothing it could condition on,
     # so it is accepted (clients send it by habit) and has no effect.
     instructions: str | None = None
+    # Ours: "word" adds each word's start and end (seconds) to SSE (a speech.audio.timestamps event
+    # before each segment's audio) or to a JSON answer (Accept: application/json).
+    timestamps: str | None = None
+
+
+TIMESTAMPS = ("word",)
+JSON_MEDIA_TYPE = "application/json"
 
 
 def router(service: TTSService, settings: Settings) -> APIRouter:
@@ -101,6 +109,8 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
             raise BadRequest(
                 f"unknown stream_format {body.stream_format!r}; accepted: {', '.join(STREAM_FORMATS)}"
             )
+        if body.timestamps is not None:
+            _check_timestamps(body, request.headers.get("accept", ""))
         fmt = codecs.get_format(body.response_format).name
         voice = _voice(body.voice, service, settings)
         params = SynthesisParams(length_scale=1.0 / body.speed, voice=voice)
@@ -120,15 +130,29 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         def first_audio() -> None:
             metrics.FIRST_PACKET_SECONDS.observe(time.monotonic() - started)
 
+        words: list[Word] | None = [] if body.timestamps is not None else None
         if not (body.stream or body.stream_format is not None):
-            pieces = pipeline.whole(service, segments, settings.crossfade_ms, first_audio)
+            pieces = pipeline.whole(service, segments, settings.crossfade_ms, first_audio, words=words)
             whole = np.concatenate([piece async for piece in pieces])
-            return Response(
-                await off_loop(whole.nbytes, codecs.encode, whole, service.sample_rate, fmt),
-                media_type=codecs.FORMATS[fmt].media_type,
-            )
+            encoded = await off_loop(whole.nbytes, codecs.encode, whole, service.sample_rate, fmt)
+            if words is None:
+                return Response(encoded, media_type=codecs.FORMATS[fmt].media_type)
+            answer = {
+                "audio": base64.b64encode(encoded).decode("ascii"),
+                "format": fmt,
+                "sample_rate": codecs.output_sample_rate(codecs.FORMATS[fmt], service.sample_rate),
+                "audio_seconds": round(len(whole) / service.sample_rate, 4),
+                "words": _words_json(words, service.sample_rate),
+            }
+            return Response(orjson.dumps(answer), media_type=JSON_MEDIA_TYPE)
         # Built here, not in the generator: a format that cannot stream is a 400, not a broken stream.
         encoder = codecs.StreamEncoder(fmt, service.sample_rate)
+        if words is not None:
+            # Timestamps are known per segment once it is synthesized: segments are sent whole.
+            timed = pipeline.whole(service, segments, settings.crossfade_ms, first_audio, words=words)
+            first = await anext(timed)
+            events = _events(_encoded(_prepend(first, timed), encoder), words, service.sample_rate)
+            return StreamingResponse(events, media_type=SSE_MEDIA_TYPE, headers={"cache-control": "no-cache"})
         windows = pipeline.windows(service, segments, settings.crossfade_ms, first_audio)
         # The first piece before the first byte: a 400 (nothing to speak) or 503 can still be one.
         first = await anext(windows)
@@ -176,11 +200,57 @@ async def _encoded(pieces: AsyncIterator[np.ndarray], encoder: codecs.StreamEnco
         yield tail
 
 
-async def _events(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """OpenAI's speech SSE: one speech.audio.delta per encoded chunk, then speech.audio.done."""
+def _check_timestamps(body: SpeechRequest, accept: str) -> None:
+    """Timestamps need an answer that can carry them: SSE, or JSON the client asked for."""
+    if body.timestamps not in TIMESTAMPS:
+        raise BadRequest(f"unknown timestamps {body.timestamps!r}; accepted: {', '.join(TIMESTAMPS)}")
+    if body.stream_format == "sse":
+        return
+    if body.stream or body.stream_format is not None:
+        raise BadRequest('timestamps cannot ride on a raw audio stream: use stream_format "sse"')
+    if JSON_MEDIA_TYPE not in accept:
+        raise BadRequest(
+            'timestamps need an answer that can carry them: stream_format "sse", or a JSON answer '
+            "(send Accept: application/json)"
+        )
+
+
+def _words_json(words: list[Word], sample_rate: int) -> list[dict[str, object]]:
+    return [
+        {"word": w.word, "start": round(w.start / sample_rate, 4), "end": round(w.end / sample_rate, 4)}
+        for w in words
+    ]
+
+
+def _delta(chunk: bytes) -> bytes:
+    return (
+        b"data: "
+        + orjson.dumps({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode("ascii")})
+        + b"\n\n"
+    )
+
+
+# OpenAI reports token usage; a VITS voice has no tokens to count.
+_DONE = (
+    b"data: "
+    + orjson.dumps(
+        {"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}}
+    )
+    + b"\n\n"
+)
+
+
+async def _events(
+    chunks: AsyncIterator[bytes], words: list[Word] | None = None, sample_rate: int = 0
+) -> AsyncIterator[bytes]:
+    """OpenAI's speech SSE: one speech.audio.delta per encoded chunk, then speech.audio.done. With
+    ``words`` (filled by pipeline.whole before it yields each segment, so before that segment's chunk
+    is encoded), a speech.audio.timestamps event of the new words goes before the chunk."""
+    sent = 0
     async for chunk in chunks:
-        delta = {"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode("ascii")}
-        yield b"data: " + orjson.dumps(delta) + b"\n\n"
-    # OpenAI reports token usage; a VITS voice has no tokens to count.
-    done = {"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}}
-    yield b"data: " + orjson.dumps(done) + b"\n\n"
+        if words is not None and len(words) > sent:
+            event = {"type": "speech.audio.timestamps", "words": _words_json(words[sent:], sample_rate)}
+            sent = len(words)
+            yield b"data: " + orjson.dumps(event) + b"\n\n"
+        yield _delta(chunk)
+    yield _DONE

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from predictor.engine.noise import SEED_LIMIT
+from predictor.engine.words import Sentence, Word, words
 from predictor.errors import BadRequest, EngineError
 
 if TYPE_CHECKING:
@@ -116,6 +117,12 @@ class Engine(ABC):
         Engines whose synthesize checks the voice override this to skip that check."""
         return self.synthesize(texts, params)
 
+    def align_checked(self, text: str, params: SynthesisParams) -> tuple[np.ndarray, list[Word]]:
+        """The audio of one text and when each of its written words is spoken in it (samples), from the
+        model's own durations (engine/words.py); the noise as synthesize's, the voice checked by the
+        caller."""
+        raise EngineError(f"ENGINE={self.name} cannot tell how long each phoneme lasted")
+
     @property
     @abstractmethod
     def sample_rate(self) -> int: ...
@@ -163,6 +170,25 @@ class PiperEngine(Engine):
     def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         self.check_voice(params.voice)
         return self.synthesize_checked(texts, params)
+
+    def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+        return [audio for audio, _ in self.spoken(texts, params)]
+
+    def align_checked(self, text: str, params: SynthesisParams) -> tuple[np.ndarray, list[Word]]:
+        ((audio, sentences),) = self.spoken([text], params)
+        voice = self.voice
+        return audio, words(text, sentences, self.hop_length, voice.espeak_voice, voice.phoneme_id_map)
+
+    @abstractmethod
+    def spoken(
+        self, texts: Sequence[str], params: SynthesisParams
+    ) -> list[tuple[np.ndarray, list[Sentence]]]:
+        """Each text's audio and its sentences' phoneme ids and frames, in reading order."""
+
+    @property
+    @abstractmethod
+    def hop_length(self) -> int:
+        """Samples per latent frame."""
 
     def stream(
         self, text: str, params: SynthesisParams, windows: StreamWindows

@@ -32,6 +32,7 @@ from predictor.engine.vits import Vits, VitsConfig
 from predictor.engine.voice_files import (
     CONFIG_FILE,
     DECODER_ONNX,
+    DURATIONS_NAME,
     ENCODER_ONNX,
     LATENT_NAME,
     NOISE_NAME,
@@ -41,6 +42,7 @@ from predictor.engine.voice_files import (
 _CONV_OPS = ("Conv", "ConvTranspose")
 _EMBEDDING_NODE = "/enc_p/emb/Gather"
 _DP_AFFINE_NODE = "/dp/flows.0/Mul"  # (z - m) * exp(-logs): the reverse ElementwiseAffine
+_DURATIONS_NODE = "/Ceil"  # w_ceil = ceil(exp(logw) * x_mask * length_scale): frames per phoneme id
 
 
 class ConversionError(RuntimeError):
@@ -322,7 +324,32 @@ def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
             node.output[:] = [LATENT_NAME if o == cut else o for o in node.output]
     encoder.graph.output[0].name = LATENT_NAME
     decoder.graph.input[0].name = LATENT_NAME
-    return feed_noise(encoder), decoder
+    return prepare_encoder(encoder), decoder
+
+
+def prepare_encoder(encoder: Any) -> Any:
+    """The encoder as the onnx engine runs it: noise fed from an input (feed_noise) and the frames of
+    each phoneme id given out (expose_durations). Idempotent, so an encoder split before either
+    existed is brought up to date at load."""
+    return expose_durations(feed_noise(encoder))
+
+
+def expose_durations(encoder: Any) -> Any:
+    """The encoder with a second output ``durations`` [1, 1, T]: the ceiled frames of each phoneme id,
+    which the graph computes anyway (word timestamps read them). Returned as it is if it has it."""
+    from onnx import TensorProto, helper
+
+    graph = encoder.graph
+    if any(o.name == DURATIONS_NAME for o in graph.output):
+        return encoder
+    ceil = next((n for n in graph.node if n.name == _DURATIONS_NODE), None)
+    if ceil is None:
+        raise ConversionError(f"no {_DURATIONS_NODE} node: not a Piper VITS encoder")
+    graph.node.append(
+        helper.make_node("Identity", [ceil.output[0]], [DURATIONS_NAME], name="durations/Identity")
+    )
+    graph.output.append(helper.make_tensor_value_info(DURATIONS_NAME, TensorProto.FLOAT, [1, 1, "phonemes"]))
+    return encoder
 
 
 def feed_noise(encoder: Any) -> Any:

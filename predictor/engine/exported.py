@@ -23,11 +23,13 @@ from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
 from predictor.engine.voice_files import (
     CONFIG_FILE,
     DECODER_ONNX,
+    DURATIONS_NAME,
     ENCODER_ONNX,
     LATENT_NAME,
     NOISE_NAME,
     read_config,
 )
+from predictor.engine.words import Sentence
 from predictor.errors import EngineError
 
 # Noise values fed per phoneme at first (engine/noise.py): the prior's channels times this many frames
@@ -69,7 +71,7 @@ class OnnxEngine(PiperEngine):
             self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._encoder: onnxruntime.InferenceSession | None = None
         self._decoder: onnxruntime.InferenceSession | None = None
-        # A feed too short for a sentence fails noise/1/Reshape, which _latent retries: not worth a log line.
+        # A feed too short for a sentence fails noise/1/Reshape, which _encode retries: not worth a log line.
         self._quiet_run = onnxruntime.RunOptions()
         self._quiet_run.log_severity_level = 4
         self._context = 0
@@ -95,13 +97,15 @@ class OnnxEngine(PiperEngine):
                 onnxruntime.InferenceSession(part, sess_options=self._options, providers=self._providers)
                 for part in parts
             )
-            if not any(i.name == NOISE_NAME for i in self._encoder.get_inputs()):
-                # Split before its noise became an input: publish's rewrite, run here in memory.
+            has_noise = any(i.name == NOISE_NAME for i in self._encoder.get_inputs())
+            if not has_noise or not any(o.name == DURATIONS_NAME for o in self._encoder.get_outputs()):
+                # Split before its noise became an input or its durations an output: publish's
+                # rewrite, run here in memory.
                 import onnx
 
-                from predictor.engine.convert import feed_noise
+                from predictor.engine.convert import prepare_encoder
 
-                encoder = feed_noise(onnx.load(str(model_dir / ENCODER_ONNX)))
+                encoder = prepare_encoder(onnx.load(str(model_dir / ENCODER_ONNX)))
                 self._encoder = onnxruntime.InferenceSession(
                     encoder.SerializeToString(), sess_options=self._options, providers=self._providers
                 )
@@ -110,6 +114,10 @@ class OnnxEngine(PiperEngine):
         self._context = windows.decoder_context_frames(config)
         self._hop = config.hop_length
         self._channels = config.inter_channels
+
+    @property
+    def hop_length(self) -> int:
+        return self._hop
 
     def _speaker_id(self, voice: str | None) -> int | None:
         # The voice was checked by synthesize / stream, or by the service for the whole request.
@@ -128,18 +136,22 @@ class OnnxEngine(PiperEngine):
             dtype=np.float32,
         )
 
-    def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+    def spoken(
+        self, texts: Sequence[str], params: SynthesisParams
+    ) -> list[tuple[np.ndarray, list[Sentence]]]:
         voice = self.voice
         speaker = self._speaker_id(params.voice)
         scales = self._scales(params)
         out = []
         k = 0  # the sentence's position in the request, which seeds its noise (as on the torch engine)
         for text in texts:
-            pieces = []
+            pieces, sentences = [], []
             for ids in phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map):
-                pieces.append(self._decode(self._latent(ids, scales, speaker, _seed(params, k))))
+                latent, frames = self._encode(ids, scales, speaker, _seed(params, k))
+                pieces.append(self._decode(latent))
+                sentences.append(Sentence(ids, frames))
                 k += 1
-            out.append(np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32))
+            out.append((np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32), sentences))
         return out
 
     def stream_checked(
@@ -152,14 +164,17 @@ class OnnxEngine(PiperEngine):
         if not sentences:
             yield np.zeros(0, dtype=np.float32), True
         for k, ids in enumerate(sentences):
-            latent = self._latent(ids, scales, speaker, _seed(params, k))
+            latent, _ = self._encode(ids, scales, speaker, _seed(params, k))
             plan = windows.plan(latent.shape[-1], sizes.first_frames, sizes.frames, self._context)
             for n, w in enumerate(plan):
                 audio = self._decode(latent[:, :, w.context_start : w.context_end])
                 yield audio[w.keep(self._hop)], k == len(sentences) - 1 and n == len(plan) - 1
 
-    def _latent(self, ids: list[int], scales: np.ndarray, speaker: int | None, seed: int) -> np.ndarray:
-        """Phoneme ids -> latent frames [1, inter, F], the noise drawn from ``seed`` (engine/noise.py)."""
+    def _encode(
+        self, ids: list[int], scales: np.ndarray, speaker: int | None, seed: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Phoneme ids -> latent frames [1, inter, F] and the frames of each id [T] (summing to F), the
+        noise drawn from ``seed`` (engine/noise.py)."""
         assert self._encoder is not None
         t = len(ids)
         feeds = {
@@ -176,7 +191,8 @@ class OnnxEngine(PiperEngine):
                 2 * t + self._channels * frames, dtype=np.float32
             )
             try:
-                return self._encoder.run(None, feeds, self._quiet_run)[0]
+                latent, durations = self._encoder.run(None, feeds, self._quiet_run)
+                return latent, durations.reshape(-1).astype(np.int64)
             except onnxruntime.capi.onnxruntime_pybind11_state.Fail as exc:
                 if f"{NOISE_NAME}/1/Reshape" not in str(exc):
                     raise

@@ -22,6 +22,7 @@ from predictor.engine import noise, phonemes, windows
 from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
 from predictor.engine.vits import Vits
 from predictor.engine.voice_files import load_vits
+from predictor.engine.words import Sentence
 from predictor.errors import EngineError
 
 log = logging.getLogger("predictor.engine.native")
@@ -70,7 +71,9 @@ class TorchEngine(PiperEngine):
             # (under ~1.2 s) gets a graph of its own, built here rather than on a user's request.
             self.synthesize(["Hi."], quiet)
 
-    def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
+    def spoken(
+        self, texts: Sequence[str], params: SynthesisParams
+    ) -> list[tuple[np.ndarray, list[Sentence]]]:
         voice = self.voice
         # (text index, phoneme ids) for every sentence, in reading order.
         sentences = [
@@ -78,21 +81,24 @@ class TorchEngine(PiperEngine):
             for i, text in enumerate(texts)
             for ids in phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map)
         ]
-        audio: list[np.ndarray | None] = [None] * len(sentences)
+        spoken: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(sentences)
         # Sorted by length, so a batch pads its sentences to similar lengths.
         order = sorted(range(len(sentences)), key=lambda k: len(sentences[k][1]), reverse=True)
         per_batch = self.sentences_per_batch
         for start in range(0, len(order), per_batch):
             batch = order[start : start + per_batch]
-            for k, pcm in zip(
-                batch, self._run([sentences[k][1] for k in batch], batch, params), strict=False
+            for k, result in zip(
+                batch, self._run([sentences[k][1] for k in batch], batch, params), strict=True
             ):
-                audio[k] = pcm
-        out: list[list[np.ndarray]] = [[] for _ in texts]
-        for (i, _), sentence_audio in zip(sentences, audio, strict=True):
-            assert sentence_audio is not None  # every sentence index is in exactly one batch
-            out[i].append(sentence_audio)
-        return [np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32) for parts in out]
+                spoken[k] = result
+        out: list[tuple[list[np.ndarray], list[Sentence]]] = [([], []) for _ in texts]
+        for (i, ids), sentence in zip(sentences, spoken, strict=True):
+            assert sentence is not None  # every sentence index is in exactly one batch
+            out[i][0].append(sentence[0])
+            out[i][1].append(Sentence(ids, sentence[1]))
+        return [
+            (np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32), said) for parts, said in out
+        ]
 
     def stream_checked(
         self, text: str, params: SynthesisParams, sizes: StreamWindows
@@ -123,6 +129,11 @@ class TorchEngine(PiperEngine):
                     pcm = audio.clamp_(-1.0, 1.0).cpu().numpy()
                 yield pcm, k == len(sentences) - 1 and n == len(plan) - 1
 
+    @property
+    def hop_length(self) -> int:
+        assert self._model is not None
+        return self._model.config.hop_length
+
     def _scales(self, params: SynthesisParams) -> tuple[float, float, float]:
         """(noise_scale, length_scale, noise_w): the request's, else the voice's own."""
         voice = self.voice
@@ -134,7 +145,8 @@ class TorchEngine(PiperEngine):
 
     def _run(
         self, batch_ids: list[list[int]], positions: list[int], params: SynthesisParams
-    ) -> list[np.ndarray]:
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(audio, frames per id) of each sentence of a batch."""
         assert self._model is not None
         device = self.plan.device
         lengths = torch.tensor([len(ids) for ids in batch_ids], dtype=torch.long)
@@ -151,4 +163,7 @@ class TorchEngine(PiperEngine):
             )
             audio = result.audio.float().clamp_(-1.0, 1.0).cpu().numpy()  # [B, S]
             n = result.audio_lengths.cpu().tolist()
-        return [audio[row, : n[row]].copy() for row in range(len(batch_ids))]
+            frames = result.durations.cpu().numpy().astype(np.int64)  # [B, T]
+        return [
+            (audio[row, : n[row]].copy(), frames[row, : len(seq)].copy()) for row, seq in enumerate(batch_ids)
+        ]

@@ -6,6 +6,7 @@ process-wide lock. Sentences are returned separately: engines synthesize them on
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -13,6 +14,8 @@ from piper.phoneme_ids import phonemes_to_ids
 from piper.phonemize_espeak import EspeakPhonemizer
 
 _lock = threading.Lock()
+# What separates words in espeak-ng's phonemes: the space, and punctuation, which it keeps as written.
+WORD_BREAKS = frozenset(" ,.;:!?¡¿—…()\"'-")
 _phonemizer: EspeakPhonemizer | None = None
 
 
@@ -34,3 +37,21 @@ def sentence_ids(text: str, espeak_voice: str, id_map: Mapping[str, Sequence[int
     with _lock:
         sentences = _espeak().phonemize(espeak_voice, text)
     return [phonemes_to_ids(phonemes, id_map) for phonemes in sentences if phonemes]
+
+
+@functools.lru_cache(maxsize=16384)
+def word_count(word: str, espeak_voice: str) -> int:
+    """How many phoneme words espeak-ng makes of ``word`` alone ("42": forty two, 2; "-": 0), for
+    engine/words.py; cached, as words repeat."""
+    with _lock:
+        sentences = _espeak().phonemize(espeak_voice, word)
+    count = 0
+    for sentence in sentences:
+        in_word = False
+        for phoneme in sentence:
+            if phoneme in WORD_BREAKS:
+                in_word = False
+            elif not in_word:
+                count += 1
+                in_word = True
+    return count

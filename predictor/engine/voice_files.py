@@ -24,6 +24,7 @@ WEIGHTS_FILE = "model.safetensors"
 ENCODER_ONNX = "encoder.onnx"
 DECODER_ONNX = "decoder.onnx"
 LATENT_NAME = "latent"  # the cut tensor's name in both parts
+DURATIONS_NAME = "durations"  # the encoder's second output: ceiled frames per phoneme id [1, 1, T]
 NOISE_NAME = "noise"  # the encoder's noise input (engine/noise.py): [N] float32, read as a prefix
 
 

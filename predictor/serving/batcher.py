@@ -25,10 +25,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from predictor.engine.base import SynthesisParams
+from predictor.engine.words import Word
 from predictor.errors import Overloaded
 from predictor.observability import memory, metrics
 
@@ -36,6 +38,7 @@ log = logging.getLogger("predictor.batcher")
 
 RunBatch = Callable[[Sequence[str], SynthesisParams], list[np.ndarray]]
 RunStream = Callable[[str, SynthesisParams], Iterator[tuple[np.ndarray, bool]]]
+RunAligned = Callable[[str, SynthesisParams], tuple[np.ndarray, list[Word]]]
 OnPiece = Callable[[np.ndarray, bool], None]
 
 
@@ -47,13 +50,14 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
     on_piece: OnPiece | None = None  # set for a streamed request: called on the loop per window
+    aligned: bool = False  # one text, answered with its sentences' durations (word timestamps)
 
     def mergeable_with(self, other: _Job) -> bool:
-        streamed = self.on_piece is not None or other.on_piece is not None
-        return not streamed and self.params.seed is None and self.params == other.params
+        alone = self.on_piece is not None or other.on_piece is not None or self.aligned or other.aligned
+        return not alone and self.params.seed is None and self.params == other.params
 
     def resolve(
-        self, result: tuple[list[np.ndarray], float] | None = None, error: BaseException | None = None
+        self, result: tuple[list[Any], float] | None = None, error: BaseException | None = None
     ) -> None:
         def settle() -> None:
             if self.future.done():  # cancelled by a caller that went away
@@ -92,9 +96,11 @@ class Batcher:
         timeout_s: float,
         trim_when_idle: bool = True,
         run_stream: RunStream | None = None,
+        run_aligned: RunAligned | None = None,
     ):
         self._run_batch = run_batch
         self._run_stream = run_stream
+        self._run_aligned = run_aligned
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
         self._max_queue = max_queue
@@ -117,17 +123,24 @@ class Batcher:
             self._cond.notify()
 
     def submit(
-        self, texts: list[str], params: SynthesisParams, on_piece: OnPiece | None = None
+        self,
+        texts: list[str],
+        params: SynthesisParams,
+        on_piece: OnPiece | None = None,
+        aligned: bool = False,
     ) -> asyncio.Future:
         """Queue a request (called on the event loop).
 
         The future resolves to (one array per text, engine seconds of the call that made them). With
         on_piece, the one text is streamed instead: on_piece(audio, last) is called on the event loop
         for each window, all before the future resolves to ([], engine seconds); cancelling the
-        future stops the stream at the next window.
+        future stops the stream at the next window. ``aligned``: the one text runs alone and resolves
+        to ([(audio, its words' samples)], engine seconds).
         """
         if on_piece is not None and (self._run_stream is None or len(texts) != 1):
             raise ValueError("a streamed request needs run_stream and exactly one text")
+        if aligned and (self._run_aligned is None or len(texts) != 1 or on_piece is not None):
+            raise ValueError("an aligned request needs run_aligned and exactly one text, not streamed")
         loop = asyncio.get_running_loop()
         with self._cond:
             if len(self._queue) >= self._max_queue:
@@ -136,7 +149,14 @@ class Batcher:
                 raise Overloaded(
                     f"the queue is full ({self._max_queue} requests waiting); retry later", retry
                 )
-            job = _Job(texts=texts, params=params, future=loop.create_future(), loop=loop, on_piece=on_piece)
+            job = _Job(
+                texts=texts,
+                params=params,
+                future=loop.create_future(),
+                loop=loop,
+                on_piece=on_piece,
+                aligned=aligned,
+            )
             self._queue.append(job)
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._cond.notify()
@@ -182,7 +202,11 @@ class Batcher:
                 self._stream(batch[0], start)
                 continue
             try:
-                audio = self._run_batch(texts, batch[0].params)
+                if batch[0].aligned:
+                    assert self._run_aligned is not None  # submit checked
+                    audio: list[Any] = [self._run_aligned(texts[0], batch[0].params)]
+                else:
+                    audio = self._run_batch(texts, batch[0].params)
             except BaseException as exc:  # the engine's error belongs to the requests that ran
                 for job in batch:
                     job.resolve(error=exc)

@@ -21,6 +21,7 @@ from predictor import ssml, text
 from predictor.audio import crossfade
 from predictor.config import Settings
 from predictor.engine.base import SynthesisParams
+from predictor.engine.words import Word
 from predictor.errors import NothingToSpeak
 from predictor.serving.service import SynthesisResult, TTSService
 
@@ -87,23 +88,38 @@ async def whole(
     crossfade_ms: float,
     on_first: Callable[[], None] | None = None,
     spent: list[float] | None = None,
+    words: list[Word] | None = None,
 ) -> AsyncIterator[np.ndarray]:
     """Crossfaded PCM, one piece per segment synthesized whole (the last piece holds the tail);
-    ``on_first`` is called when the first audio is ready, ``spent`` gets each call's engine seconds."""
+    ``on_first`` is called when the first audio is ready, ``spent`` gets each call's engine seconds.
+    ``words``: each segment's words are appended, in samples of the joined audio, before its piece
+    is yielded (engine/words.py; a segment starts where the crossfade lays it, its fade-in included)."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, crossfade_ms)
     first = True
+    # Where the joined audio ends so far (held tail included), and the last segment's length in the
+    # current crossfaded run (the joiner holds min(fade, that) to overlap the next segment's head).
+    end, previous = 0, 0
     for piece in pieces:
         if isinstance(piece, Silence):
+            end, previous = end + piece.samples, 0
             yield np.concatenate([joiner.finish(), np.zeros(piece.samples, dtype=np.float32)])
             continue
         try:
-            result = await service.synthesize([piece.text], piece.params)
+            if words is None:
+                result = await service.synthesize([piece.text], piece.params)
+            else:
+                result, said = await service.synthesize_aligned(piece.text, piece.params)
         except NothingToSpeak:
             # A segment espeak-ng reads as nothing (a lone symbol it skips) is silence, not an error,
             # unless the whole input is: then the first piece below raises before any byte is sent.
             continue
         if spent is not None:
             spent.append(result.engine_seconds)
+        n = len(result.audio[0])
+        start = end - min(joiner.fade_samples, previous, n)
+        end, previous = start + n, n
+        if words is not None:
+            words += [Word(w.word, start + w.start, start + w.end) for w in said]
         audio = joiner.push(result.audio[0])
         if first and on_first is not None:
             on_first()

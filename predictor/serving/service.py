@@ -29,6 +29,7 @@ import numpy as np
 from predictor import text as text_prep
 from predictor.config import Settings
 from predictor.engine.base import Engine, StreamWindows, SynthesisParams
+from predictor.engine.words import Word
 from predictor.errors import BadRequest, NothingToSpeak, NotReady, PayloadTooLarge
 from predictor.observability import metrics, tracing
 from predictor.serving.batcher import Batcher
@@ -91,6 +92,7 @@ class TTSService:
         self._batcher = Batcher(
             engine.synthesize_checked,
             run_stream=lambda text, params: engine.stream_checked(text, params, sizes),
+            run_aligned=engine.align_checked,
             max_batch_size=settings.batch_size,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,
@@ -303,6 +305,24 @@ class TTSService:
                 raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
         self._observe(texts, audio, result.sample_rate, engine_seconds)
         return result
+
+    async def synthesize_aligned(
+        self, text: str, params: SynthesisParams
+    ) -> tuple[SynthesisResult, list[Word]]:
+        """The audio of one text, as synthesize, with when each written word is spoken in it (samples,
+        engine/words.py)."""
+        params = self._with_defaults(params)
+        self.check([text], params)
+        assert self._batcher is not None and self.engine is not None
+        async with self._engine_call():
+            ((audio, said),), engine_seconds = await self._batcher.submit([text], params, aligned=True)
+        if len(audio) == 0:
+            raise NothingToSpeak("text[0] has nothing to speak (no phonemes)")
+        result = SynthesisResult(
+            audio=[audio], sample_rate=self.engine.sample_rate, engine_seconds=engine_seconds
+        )
+        self._observe([text], [audio], result.sample_rate, engine_seconds)
+        return result, said
 
     @contextlib.asynccontextmanager
     async def _engine_call(self) -> AsyncIterator[None]:

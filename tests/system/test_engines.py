@@ -6,6 +6,8 @@ replaced (and nothing else), so the decisions and error messages are still exerc
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import soundfile
@@ -332,3 +334,32 @@ def _undo_feed_noise(encoder) -> None:
     inputs = [i for i in graph.input if i.name != NOISE_NAME]
     del graph.input[:]
     graph.input.extend(inputs)
+
+
+@pytest.mark.parametrize("engine", ["torch", "onnx"])
+def test_the_models_durations_add_up_to_its_audio_and_every_written_word_is_timed_once_in_order(
+    engines, engine
+):
+    torch_engine, onnx_engine = engines
+    chosen = torch_engine if engine == "torch" else onnx_engine
+    text = TEXTS[2] + " " + TEXTS[1]  # numbers, abbreviations, several sentences
+
+    ((audio, sentences),) = chosen.spoken([text], SynthesisParams(seed=3))
+    audio_again, words = chosen.align_checked(text, SynthesisParams(seed=3))
+
+    assert sum(int(s.frames.sum()) for s in sentences) * chosen.hop_length == len(audio)  # to the sample
+    np.testing.assert_array_equal(audio_again, audio)
+    assert [w.word for w in words] == text.split()
+    assert all(0 <= w.start <= w.end <= len(audio) for w in words)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(words))
+    spoken = [w for w in words if w.end > w.start]
+    assert len(spoken) == len(words)  # every word of these texts is spoken, none a point
+
+
+def test_seeded_word_times_agree_between_the_engines(engines):
+    torch_engine, onnx_engine = engines
+
+    _, ours = torch_engine.align_checked(TEXTS[1], SynthesisParams(seed=5))
+    _, theirs = onnx_engine.align_checked(TEXTS[1], SynthesisParams(seed=5))
+
+    assert ours == theirs

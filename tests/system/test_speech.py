@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import itertools
+import json
 import time
 
 import httpx
@@ -122,6 +125,12 @@ BAD = {
         "invalid SSML",
     ),
     "SSML break too long": ({"input": '<speak>Hi.<break time="30s"/></speak>'}, "longer than 10 s"),
+    "timestamps on a raw stream": ({"input": "Hi.", "timestamps": "word", "stream": True}, "sse"),
+    "timestamps without JSON": ({"input": "Hi.", "timestamps": "word"}, "Accept: application/json"),
+    "timestamps of phonemes": (
+        {"input": "Hi.", "timestamps": "phoneme", "stream_format": "sse"},
+        "'phoneme'",
+    ),
 }
 
 
@@ -183,6 +192,68 @@ def test_ssml_refused_for_a_reason_known_before_synthesis_costs_no_engine_call(p
 
     assert response.status_code == 400 and "'volume'" in response.json()["error"]
     assert predictor.metric("tts_batch_size_count") == before
+
+
+TIMED = "Call 555-0100, ext. 42 now. Then the quick brown fox jumps over the lazy dog!"
+
+
+def _timed(predictor, text: str, **fields) -> dict:
+    response = predictor.post(
+        "/v1/audio/speech",
+        json=speech_request(text, "pcm", timestamps="word", **fields),
+        headers={"accept": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    return response.json()
+
+
+def test_word_timestamps_time_every_written_word_once_in_order_inside_the_audio(quiet_predictor, reference):
+    answer = _timed(quiet_predictor, TIMED)
+
+    words = answer["words"]
+    pcm = base64.b64decode(answer["audio"])
+    check_encoded(pcm, "pcm", reference.speech_route(TIMED), 22050)
+    assert [w["word"] for w in words] == TIMED.split()
+    assert all(0 <= w["start"] <= w["end"] <= answer["audio_seconds"] for w in words)
+    assert all(a["end"] <= b["start"] for a, b in itertools.pairwise(words))
+    assert answer["audio_seconds"] == pytest.approx(len(pcm) / 2 / 22050, abs=1e-4)
+
+
+def test_a_later_segments_word_times_are_its_own_shifted_by_where_the_crossfade_lays_it(
+    quiet_predictor, reference
+):
+    first, second = "Hello there, friend.", "Then the quick brown fox jumps."
+
+    joined = _timed(quiet_predictor, f"{first} {second}")["words"]
+    alone = _timed(quiet_predictor, second)["words"]
+
+    # The second segment starts where the first one's audio ends, less the crossfade's overlap.
+    offset = (len(reference.speech_route(first)) - round(0.05 * 22050)) / 22050
+    later = joined[len(first.split()) :]
+    assert [w["word"] for w in later] == [w["word"] for w in alone]
+    for a, b in zip(later, alone, strict=True):
+        assert a["start"] == pytest.approx(b["start"] + offset, abs=1e-4)
+        assert a["end"] == pytest.approx(b["end"] + offset, abs=1e-4)
+
+
+def test_sse_timestamps_come_before_each_segments_audio_and_match_the_json_answer(quiet_predictor):
+    text = "One small step. And one more, spoken second."
+    whole = _timed(quiet_predictor, text)
+
+    response = quiet_predictor.post(
+        "/v1/audio/speech",
+        json=speech_request(text, "pcm", timestamps="word", stream_format="sse"),
+        timeout=120,
+    )
+
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "speech.audio.timestamps" and kinds[-1] == "speech.audio.done"
+    assert kinds.count("speech.audio.timestamps") == 2  # one per segment
+    assert [w for e in events if e["type"] == "speech.audio.timestamps" for w in e["words"]] == whole["words"]
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert audio == base64.b64decode(whole["audio"])
 
 
 def _peak_rss_bytes(pid: int) -> int:
