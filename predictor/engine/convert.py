@@ -1,5 +1,6 @@
 """Publish-time conversion of a Piper ONNX voice: VITS state dict (safetensors) + VitsConfig read from the
-graph itself, and the graph split into encoder and decoder. The engines load the results through
+graph itself, and the graph split into encoder and decoder (engine/exported_graph.py, which needs no
+torch). The engines load the results through
 engine/voice_files.py; nothing here runs in a serving process except for an artifact published
 before the split existed (engine/exported.py then splits it in memory).
 
@@ -28,25 +29,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from predictor.engine.exported_graph import ConversionError, split_onnx
 from predictor.engine.vits import Vits, VitsConfig
 from predictor.engine.voice_files import (
     CONFIG_FILE,
     DECODER_ONNX,
-    DURATIONS_NAME,
     ENCODER_ONNX,
-    LATENT_NAME,
-    NOISE_NAME,
     WEIGHTS_FILE,
 )
 
 _CONV_OPS = ("Conv", "ConvTranspose")
 _EMBEDDING_NODE = "/enc_p/emb/Gather"
 _DP_AFFINE_NODE = "/dp/flows.0/Mul"  # (z - m) * exp(-logs): the reverse ElementwiseAffine
-_DURATIONS_NODE = "/Ceil"  # w_ceil = ceil(exp(logw) * x_mask * length_scale): frames per phoneme id
-
-
-class ConversionError(RuntimeError):
-    """The ONNX graph does not map onto the VITS module exactly."""
 
 
 def _module_path(node_name: str) -> str:
@@ -291,136 +285,6 @@ def write_safetensors(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
     save_file({k: v.float().contiguous() for k, v in state.items()}, str(weights))
     config_path.write_text(json.dumps(config.to_dict(), indent=2) + "\n", encoding="utf-8")
     return [weights, config_path]
-
-
-# The split of Piper's graph for chunked decoding: text -> latent (encoder, durations, flow) and
-# latent -> audio (the HiFi-GAN generator), cut at the generator's input.
-_DECODER_FIRST_NODE = "/dec/conv_pre/Conv"
-
-
-def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
-    """Piper's graph (a path or ModelProto) -> (encoder, decoder) ModelProtos, cut at the generator.
-
-    The encoder keeps the graph's inputs (input, input_lengths, scales) and outputs `latent`
-    [1, inter, F] (z times the frame mask, what the generator reads); the decoder takes `latent`
-    and outputs `output` as the whole graph does. Both parts together run every node once, so a
-    non-streamed request costs what the whole graph costs.
-    """
-    import onnx
-    import onnx.utils
-
-    model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
-    first = next((n for n in model.graph.node if n.name == _DECODER_FIRST_NODE), None)
-    if first is None:
-        raise ConversionError(f"no {_DECODER_FIRST_NODE} node: not a Piper VITS graph")
-    cut = first.input[0]
-    extractor = onnx.utils.Extractor(model)
-    inputs = [i.name for i in model.graph.input]
-    encoder = extractor.extract_model(inputs, [cut])
-    decoder = extractor.extract_model([cut], [o.name for o in model.graph.output])
-    for part in (encoder, decoder):
-        for node in part.graph.node:
-            node.input[:] = [LATENT_NAME if i == cut else i for i in node.input]
-            node.output[:] = [LATENT_NAME if o == cut else o for o in node.output]
-    encoder.graph.output[0].name = LATENT_NAME
-    decoder.graph.input[0].name = LATENT_NAME
-    return prepare_encoder(encoder), decoder
-
-
-def prepare_encoder(encoder: Any) -> Any:
-    """The encoder as the onnx engine runs it: noise fed from an input (feed_noise) and the frames of
-    each phoneme id given out (expose_durations). Idempotent, so an encoder split before either
-    existed is brought up to date at load."""
-    return expose_durations(feed_noise(encoder))
-
-
-def expose_durations(encoder: Any) -> Any:
-    """The encoder with a second output ``durations`` [1, 1, T]: the ceiled frames of each phoneme id,
-    which the graph computes anyway (word timestamps read them). Returned as it is if it has it."""
-    from onnx import TensorProto, helper
-
-    graph = encoder.graph
-    if any(o.name == DURATIONS_NAME for o in graph.output):
-        return encoder
-    ceil = next((n for n in graph.node if n.name == _DURATIONS_NODE), None)
-    if ceil is None:
-        raise ConversionError(f"no {_DURATIONS_NODE} node: not a Piper VITS encoder")
-    graph.node.append(
-        helper.make_node("Identity", [ceil.output[0]], [DURATIONS_NAME], name="durations/Identity")
-    )
-    graph.output.append(helper.make_tensor_value_info(DURATIONS_NAME, TensorProto.FLOAT, [1, 1, "phonemes"]))
-    return encoder
-
-
-def feed_noise(encoder: Any) -> Any:
-    """The encoder with its noise read from an input instead of drawn inside (engine/noise.py).
-
-    Piper's graph draws its noise with RandomNormalLike, which onnxruntime seeds once per session, not
-    per run. Each such node, in graph order (the duration predictor's, then the prior's), becomes the
-    next slice of the 1-D float32 input ``noise``, reshaped to the node's shape: node k reads the
-    values after those of nodes 0..k-1. A feed longer than the graph needs is fine (the rest is
-    unread); a shorter one fails the Reshape named ``noise/k/Reshape``. An encoder that has the input
-    already is returned as it is.
-    """
-    from onnx import TensorProto, helper
-
-    graph = encoder.graph
-    if any(i.name == NOISE_NAME for i in graph.input):
-        return encoder
-    draws = [n for n in graph.node if n.op_type == "RandomNormalLike"]
-    if not draws:
-        raise ConversionError("no RandomNormalLike node: not a Piper VITS encoder")
-    nodes: list[Any] = []
-    offset = f"{NOISE_NAME}/start"
-    nodes.append(
-        helper.make_node(
-            "Constant", [], [offset], value=helper.make_tensor(offset, TensorProto.INT64, [1], [0])
-        )
-    )
-    replaced: dict[str, list[Any]] = {}
-    for k, draw in enumerate(draws):
-        attrs = _attrs(draw)
-        if attrs.get("dtype", TensorProto.FLOAT) != TensorProto.FLOAT:
-            raise ConversionError(f"{draw.name} draws dtype {attrs['dtype']}, not float32")
-        p = f"{NOISE_NAME}/{k}"
-        end = f"{p}/end"
-        out = draw.output[0]
-        standard = f"{p}/standard" if (attrs.get("mean", 0.0), attrs.get("scale", 1.0)) != (0.0, 1.0) else out
-        steps = [
-            helper.make_node("Shape", [draw.input[0]], [f"{p}/shape"], name=f"{p}/Shape"),
-            helper.make_node(
-                "ReduceProd", [f"{p}/shape"], [f"{p}/count"], name=f"{p}/ReduceProd", keepdims=1
-            ),
-            helper.make_node("Add", [offset, f"{p}/count"], [end], name=f"{p}/Add"),
-            helper.make_node("Slice", [NOISE_NAME, offset, end], [f"{p}/flat"], name=f"{p}/Slice"),
-            helper.make_node("Reshape", [f"{p}/flat", f"{p}/shape"], [standard], name=f"{p}/Reshape"),
-        ]
-        if standard != out:
-            scale, mean = f"{p}/scale", f"{p}/mean"
-            steps += [
-                helper.make_node(
-                    "Constant",
-                    [],
-                    [scale],
-                    value=helper.make_tensor(scale, TensorProto.FLOAT, [], [attrs["scale"]]),
-                ),
-                helper.make_node(
-                    "Constant",
-                    [],
-                    [mean],
-                    value=helper.make_tensor(mean, TensorProto.FLOAT, [], [attrs["mean"]]),
-                ),
-                helper.make_node("Mul", [standard, scale], [f"{p}/scaled"], name=f"{p}/Mul"),
-                helper.make_node("Add", [f"{p}/scaled", mean], [out], name=f"{p}/AddMean"),
-            ]
-        replaced[draw.name] = steps
-        offset = end
-    for node in graph.node:
-        nodes.extend(replaced.get(node.name, [node]))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    graph.input.append(helper.make_tensor_value_info(NOISE_NAME, TensorProto.FLOAT, ["noise_values"]))
-    return encoder
 
 
 def write_onnx_split(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:

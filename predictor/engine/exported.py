@@ -1,6 +1,6 @@
 """Piper/VITS voices on onnxruntime: Piper's exported graph, in two parts.
 
-The artifact holds the graph split at publish (engine/convert.split_onnx; file names in engine/voice_files): encoder.onnx (text encoder,
+The artifact holds the graph split at publish (engine/exported_graph.split_onnx; file names in engine/voice_files): encoder.onnx (text encoder,
 durations, flow: phoneme ids -> latent frames) and decoder.onnx (HiFi-GAN: latent -> audio). A whole
 synthesis runs one after the other, every node once, as the whole graph would; a streamed one runs
 the decoder over frame windows (engine/windows.py). An artifact without the parts (published before
@@ -87,12 +87,17 @@ class OnnxEngine(PiperEngine):
                 config = read_config(model_dir)
             else:
                 # Published before the split existed: publish's conversion, run here in memory.
-                from predictor.engine.convert import infer_config, split_onnx
+                from predictor.engine.exported_graph import split_onnx
 
                 encoder, decoder = split_onnx(model_dir / "model.onnx")
                 parts = [encoder.SerializeToString(), decoder.SerializeToString()]
-                has_config = (model_dir / CONFIG_FILE).exists()
-                config = read_config(model_dir) if has_config else infer_config(model_dir / "model.onnx")
+                if (model_dir / CONFIG_FILE).exists():
+                    config = read_config(model_dir)
+                else:
+                    # Older still (no vits.json): reading the receptive field off the graph needs torch.
+                    from predictor.engine.convert import infer_config
+
+                    config = infer_config(model_dir / "model.onnx")
             self._encoder, self._decoder = (
                 onnxruntime.InferenceSession(part, sess_options=self._options, providers=self._providers)
                 for part in parts
@@ -103,7 +108,7 @@ class OnnxEngine(PiperEngine):
                 # rewrite, run here in memory.
                 import onnx
 
-                from predictor.engine.convert import prepare_encoder
+                from predictor.engine.exported_graph import prepare_encoder
 
                 encoder = prepare_encoder(onnx.load(str(model_dir / ENCODER_ONNX)))
                 self._encoder = onnxruntime.InferenceSession(

@@ -5,7 +5,7 @@ VITS draws standard normal noise twice per sentence: the stochastic duration pre
 Sentence k of a request with seed s draws both, in that order, from one numpy PCG64 stream seeded
 s + k. numpy's stream is sequential (n values then m values are the first n + m of one draw), so the
 onnx engine, which must feed its graph before F is known, can draw a longer buffer of which the
-graph reads a prefix (engine/convert.feed_noise), and gets exactly what the torch engine draws.
+graph reads a prefix (engine/exported_graph.feed_noise), and gets exactly what the torch engine draws.
 
 An unseeded request draws from a fresh seed, so its noise varies as Piper's own does.
 """

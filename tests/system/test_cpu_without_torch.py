@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from testing.artifacts import as_published_before_noise_and_durations
+
 BLOCK_TORCH = "import sys; sys.modules['torch'] = None; sys.modules['safetensors'] = None\n"
 
 
@@ -42,6 +44,30 @@ def test_the_onnx_engine_serves_without_torch(voice_dir: Path, tmp_path: Path, e
     assert done.returncode == 0, done.stderr[-2000:]
     name, samples = done.stdout.split()
     assert name == "OnnxEngine" and int(samples) > 10_000
+
+
+def test_an_artifact_published_before_the_encoder_rewrites_loads_and_seeds_without_torch(
+    voice_dir: Path, tmp_path: Path
+):
+    # Found by the e2e cluster: the CPU image could not load such an artifact ("No module named
+    # 'torch'") while the rewrites lived beside the torch conversion.
+    old = as_published_before_noise_and_durations(voice_dir, tmp_path / "old-voice")
+    done = _run(
+        f"""
+        from pathlib import Path
+        from predictor.engine.base import SynthesisParams
+        from predictor.engine.exported import OnnxEngine
+        e = OnnxEngine(device="cpu", threads=1)
+        e.load(Path({str(old)!r}))
+        audio, words = e.align_checked("Old voices still speak.", SynthesisParams(seed=4))
+        print(len(audio), len(words))
+        """,
+        tmp_path,
+    )
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    samples, words = done.stdout.split()
+    assert int(samples) > 10_000 and int(words) == 4
 
 
 def test_engine_torch_without_torch_is_a_start_error_naming_the_extra(tmp_path: Path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import onnxruntime
 import pytest
 import soundfile
 import torch
@@ -19,6 +20,7 @@ from predictor.engine.base import SynthesisParams
 from predictor.engine.exported import OnnxEngine
 from predictor.engine.native import TorchEngine
 from predictor.errors import BadRequest, EngineError
+from testing.artifacts import as_published_before_noise_and_durations
 from testing.audio import check_samples
 from testing.predictor import run_synth
 
@@ -283,23 +285,16 @@ def test_compile_1_compiles_nothing_on_a_short_request(compiled):
     assert stats["unique_graphs"] == graphs
 
 
-def test_an_encoder_split_before_its_noise_was_an_input_is_rewritten_at_load_and_seeds_the_same(
+def test_an_encoder_published_before_its_noise_input_and_durations_output_is_rewritten_at_load(
     engines, voice_dir, tmp_path
 ):
-    import shutil
-
-    import onnx
-
-    from predictor.engine.voice_files import ENCODER_ONNX, NOISE_NAME
+    from predictor.engine.voice_files import DURATIONS_NAME, NOISE_NAME
 
     _, onnx_engine = engines
-    old = tmp_path / "old-voice"
-    shutil.copytree(voice_dir, old)
-    encoder = onnx.load(str(old / ENCODER_ONNX))
-    # Back to what earlier publishes wrote: the noise drawn inside by RandomNormalLike.
-    _undo_feed_noise(encoder)
-    onnx.save(encoder, str(old / ENCODER_ONNX))
-    assert NOISE_NAME not in [i.name for i in onnx.load(str(old / ENCODER_ONNX)).graph.input]
+    old = as_published_before_noise_and_durations(voice_dir, tmp_path / "old-voice")
+    session = onnxruntime.InferenceSession(str(old / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    assert NOISE_NAME not in [i.name for i in session.get_inputs()]
+    assert DURATIONS_NAME not in [o.name for o in session.get_outputs()]
 
     loaded = OnnxEngine(device="cpu", threads=2)
     loaded.load(old)
@@ -308,32 +303,7 @@ def test_an_encoder_split_before_its_noise_was_an_input_is_rewritten_at_load_and
     np.testing.assert_array_equal(
         loaded.synthesize(TEXTS[1:2], seeded)[0], onnx_engine.synthesize(TEXTS[1:2], seeded)[0]
     )
-
-
-def _undo_feed_noise(encoder) -> None:
-    from onnx import helper
-
-    from predictor.engine.voice_files import NOISE_NAME
-
-    graph = encoder.graph
-    kept, k = [], 0
-    for node in graph.node:
-        if node.name.startswith(f"{NOISE_NAME}/") or node.output[0].startswith(f"{NOISE_NAME}/"):
-            if node.op_type == "Reshape":
-                shape_source = next(n for n in graph.node if n.output[0] == node.input[1]).input[0]
-                kept.append(
-                    helper.make_node(
-                        "RandomNormalLike", [shape_source], [node.output[0]], name=f"/rnl{k}", dtype=1
-                    )
-                )
-                k += 1
-            continue
-        kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
-    inputs = [i for i in graph.input if i.name != NOISE_NAME]
-    del graph.input[:]
-    graph.input.extend(inputs)
+    assert loaded.align_checked(TEXTS[1], seeded)[1] == onnx_engine.align_checked(TEXTS[1], seeded)[1]
 
 
 @pytest.mark.parametrize("engine", ["torch", "onnx"])

@@ -1,0 +1,48 @@
+"""Voice artifacts as earlier publishes wrote them, for the load-time rewrites (engine/exported_graph.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+
+def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> Path:
+    """A copy of ``voice_dir`` whose encoder.onnx draws its noise inside (RandomNormalLike, no
+    ``noise`` input) and gives out no ``durations``: what publish wrote before either existed. Made
+    by undoing the rewrites on the current encoder, so the test does not lean on the code it tests."""
+    import onnx
+    from onnx import helper
+
+    from predictor.engine.voice_files import DURATIONS_NAME, ENCODER_ONNX, NOISE_NAME
+
+    shutil.copytree(voice_dir, out_dir)
+    encoder = onnx.load(str(out_dir / ENCODER_ONNX))
+    graph = encoder.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    kept, k = [], 0
+    for node in graph.node:
+        ours = node.name.startswith(f"{NOISE_NAME}/") or node.output[0].startswith(f"{NOISE_NAME}/")
+        if node.name == "durations/Identity":
+            continue
+        if ours:
+            if node.op_type == "Reshape":
+                # The rewrite's Reshape takes its shape from Shape(x): RandomNormalLike(x) again.
+                shape_of = producers[node.input[1]].input[0]
+                kept.append(
+                    helper.make_node(
+                        "RandomNormalLike", [shape_of], [node.output[0]], name=f"/rnl{k}", dtype=1
+                    )
+                )
+                k += 1
+            continue
+        kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    inputs = [i for i in graph.input if i.name != NOISE_NAME]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    outputs = [o for o in graph.output if o.name != DURATIONS_NAME]
+    del graph.output[:]
+    graph.output.extend(outputs)
+    onnx.save(encoder, str(out_dir / ENCODER_ONNX))
+    return out_dir
