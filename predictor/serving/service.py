@@ -242,7 +242,7 @@ class TTSService:
         assert self.engine is not None
         if params.seed is not None and not self.engine.supports_seed:
             raise BadRequest(
-                f"parameter seed needs ENGINE=torch; ENGINE={self.engine.name} cannot seed its noise"
+                f"parameter seed needs an engine that seeds its noise (torch, onnx); ENGINE={self.engine.name} cannot"
             )
         # The voice's one check: the engine's own calls skip it (Engine.synthesize_checked).
         self.engine.check_voice(params.voice)
