@@ -50,7 +50,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
     on_piece: OnPiece | None = None  # set for a streamed request: called on the loop per window
-    aligned: bool = False  # one text, answered with its sentences' durations (word timestamps)
+    aligned: bool = False  # one text, answered with its words' times (word timestamps)
 
     def mergeable_with(self, other: _Job) -> bool:
         alone = self.on_piece is not None or other.on_piece is not None or self.aligned or other.aligned

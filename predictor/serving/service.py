@@ -287,14 +287,37 @@ class TTSService:
         self._observe([text], [audio], sample_rate, engine_seconds)
 
     async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
+        result, _ = await self._synthesize(texts, params, aligned=False)
+        return result
+
+    async def synthesize_aligned(
+        self, text: str, params: SynthesisParams
+    ) -> tuple[SynthesisResult, list[Word]]:
+        """The audio of one text, as synthesize, with when each written word is spoken in it (samples,
+        engine/words.py)."""
+        result, said = await self._synthesize([text], params, aligned=True)
+        assert said is not None
+        return result, said
+
+    async def _synthesize(
+        self, texts: Sequence[str], params: SynthesisParams, aligned: bool
+    ) -> tuple[SynthesisResult, list[Word] | None]:
+        """One engine call through the queue; ``aligned`` (one text): with its words' times too."""
         params = self._with_defaults(params)
         self.check(texts, params)
         assert self._batcher is not None and self.engine is not None
+        said: list[Word] | None = None
         async with self._engine_call():
             with tracing.tracer().start_as_current_span(
                 "synthesize", attributes={"tts.items": len(texts)}
             ) as span:
-                audio, engine_seconds = await self._batcher.submit(list(texts), params)
+                if aligned:
+                    ((audio_0, said),), engine_seconds = await self._batcher.submit(
+                        list(texts), params, aligned=True
+                    )
+                    audio = [audio_0]
+                else:
+                    audio, engine_seconds = await self._batcher.submit(list(texts), params)
                 result = SynthesisResult(
                     audio=audio, sample_rate=self.engine.sample_rate, engine_seconds=engine_seconds
                 )
@@ -304,24 +327,6 @@ class TTSService:
             if len(a) == 0:
                 raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
         self._observe(texts, audio, result.sample_rate, engine_seconds)
-        return result
-
-    async def synthesize_aligned(
-        self, text: str, params: SynthesisParams
-    ) -> tuple[SynthesisResult, list[Word]]:
-        """The audio of one text, as synthesize, with when each written word is spoken in it (samples,
-        engine/words.py)."""
-        params = self._with_defaults(params)
-        self.check([text], params)
-        assert self._batcher is not None and self.engine is not None
-        async with self._engine_call():
-            ((audio, said),), engine_seconds = await self._batcher.submit([text], params, aligned=True)
-        if len(audio) == 0:
-            raise NothingToSpeak("text[0] has nothing to speak (no phonemes)")
-        result = SynthesisResult(
-            audio=[audio], sample_rate=self.engine.sample_rate, engine_seconds=engine_seconds
-        )
-        self._observe([text], [audio], result.sample_rate, engine_seconds)
         return result, said
 
     @contextlib.asynccontextmanager
