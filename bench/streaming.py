@@ -6,9 +6,9 @@
   * the same first packet (ENGINE=auto) vs Piper's own runtime in this process, `PiperVoice.synthesize`
     from the installed piper-tts, time to its first chunk (goal <= 0.35x); and the default engine's
     whole v2 response vs Piper's whole synthesis (goal: Piper's time / ours >= 1.0);
-  * whole-response v2 latency on this tree (chunking code present, unused) vs the tree in
-    BENCH_BEFORE_TREE (default /work/main's checkout, if present) with its own artifact (goal >= 0.97x
-    throughput);
+  * whole v2 answers, whole speech answers and the speech stream's first audio on this tree vs the
+    tree in BENCH_BEFORE_TREE (default /work/main's checkout, if present) with its own artifact (goal
+    >= 0.98x: the one pipeline costs at most 2 %), and what word timestamps add to a whole answer;
   * torch engine resident memory after 50 one-sentence requests of varied length and one
     5,000-character request vs at ready (goal <= 1.3x).
 
@@ -185,40 +185,109 @@ def _before(session: Session) -> tuple[str, dict[str, str]] | None:
     return uri, {"PYTHONPATH": tree}
 
 
-def _throughput_vs_before(res: SuiteResult, session: Session, engine: str, now: Predictor) -> None:
+# Rounds of the before/after and timestamp comparisons: each is a few percent's question, so more
+# samples than the first-packet rows take.
+VS_ROUNDS = 10
+
+
+def _vs_before(res: SuiteResult, session: Session, engine: str, now: Predictor) -> None:
+    """This tree against BENCH_BEFORE_TREE on whole v2 answers, whole speech answers and the first
+    audio of a speech stream, requests alternating between the two predictors one by one."""
     before = _before(session)
     if before is None:
-        res.notes.append("no BENCH_BEFORE_TREE: throughput vs before not measured")
+        res.notes.append("no BENCH_BEFORE_TREE: this tree vs before not measured")
         return
     uri, env = before
     old = Predictor(session, session.path("model"), ENGINE=engine, VOICE_URI=uri, **env)
+    kinds: dict[str, Callable[[Predictor, str], float]] = {
+        "whole v2": _v2,
+        "whole speech": lambda p, t: _speech(p, t, False)[1],
+        "speech first audio": lambda p, t: _speech(p, t, True)[0],
+    }
+    times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in kinds}
     try:
         old.wait_ready()
         texts = [SENTENCE_25, THREE]
         for t in texts:
             _v2(old, t), _v2(now, t)
-        new_t, old_t = [], []
-        for _ in range(ROUNDS * 2):
+        for _ in range(VS_ROUNDS):
             for t in texts:
-                new_t.append(_v2(now, t))
-                old_t.append(_v2(old, t))
+                for kind, fn in kinds.items():
+                    times[kind][0].append(fn(now, t))
+                    times[kind][1].append(fn(old, t))
     finally:
         old.stop()
-    ratio = median(old_t) / median(new_t)
-    res.rows.append(
-        Row(
-            "streaming",
-            f"{engine}: whole v2 throughput, this tree vs before",
-            median(new_t) * 1000,
-            "ms",
-            baseline_name="before",
-            baseline=median(old_t) * 1000,
-            ratio=ratio,
-            ratio_label="x throughput",
-            goal=">= 0.97",
-            met=ratio >= 0.97,
+    for kind, (new_t, old_t) in times.items():
+        ratio = median(old_t) / median(new_t)
+        res.rows.append(
+            Row(
+                "streaming",
+                f"{engine}: {kind}, this tree vs before",
+                median(new_t) * 1000,
+                "ms",
+                baseline_name="before",
+                baseline=median(old_t) * 1000,
+                ratio=ratio,
+                ratio_label="x throughput" if kind.startswith("whole") else "x sooner",
+                goal=">= 0.98",
+                met=ratio >= 0.98,
+                note=f"median of {len(new_t)}, {VS_ROUNDS} rounds x 2 texts",
+            )
         )
-    )
+
+
+def _timestamps_cost(res: SuiteResult, p: Predictor) -> None:
+    """What word timestamps add to a request: the same whole answer with and without them, alternating
+    (speech route JSON with words against the plain file; v2 with the words output against without)."""
+    texts = [SENTENCE_25, THREE]
+
+    def speech_timed(text: str) -> float:
+        body = {"model": "tts", "input": text, "response_format": "pcm", "timestamps": "word", "seed": 7}
+        start = time.perf_counter()
+        p.client.post(
+            "/v1/audio/speech", json=body, headers={"accept": "application/json"}, timeout=TIMEOUT_S
+        ).raise_for_status()
+        return time.perf_counter() - start
+
+    def speech_plain(text: str) -> float:
+        body = {"model": "tts", "input": text, "response_format": "pcm", "seed": 7}
+        start = time.perf_counter()
+        p.client.post("/v1/audio/speech", json=body, timeout=TIMEOUT_S).raise_for_status()
+        return time.perf_counter() - start
+
+    def v2_timed(text: str) -> float:
+        body = {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+            "parameters": PARAMS,
+            "outputs": [{"name": "audio"}, {"name": "audio_length"}, {"name": "words"}],
+        }
+        start = time.perf_counter()
+        p.client.post("/v2/models/tts/infer", json=body, timeout=TIMEOUT_S).raise_for_status()
+        return time.perf_counter() - start
+
+    pairs = {
+        "speech whole with timestamps": (speech_timed, speech_plain),
+        "v2 with the words output": (v2_timed, lambda t: _v2(p, t)),
+    }
+    for name, (timed, plain) in pairs.items():
+        with_t, without = [], []
+        for _ in range(VS_ROUNDS):
+            for t in texts:
+                with_t.append(timed(t))
+                without.append(plain(t))
+        cost = median(with_t) / median(without)
+        res.rows.append(
+            Row(
+                "streaming",
+                f"timestamps: {name}",
+                median(with_t) * 1000,
+                "ms",
+                baseline_name="without",
+                baseline=median(without) * 1000,
+                ratio=cost,
+                note=f"median of {len(with_t)}; seeded alike, so the same audio",
+            )
+        )
 
 
 def _torch_memory(res: SuiteResult, p: Predictor) -> None:
@@ -264,7 +333,8 @@ def _measure(res: SuiteResult, session: Session, p: Predictor, engine: str) -> d
     if engine == "auto":
         parts += [
             ("piper", lambda: _piper(res, p, _piper_dir(session))),
-            ("before", lambda: _throughput_vs_before(res, session, "onnx", p)),
+            ("before", lambda: _vs_before(res, session, "onnx", p)),
+            ("timestamps", lambda: _timestamps_cost(res, p)),
         ]
     else:
         parts.insert(0, ("memory", lambda: _torch_memory(res, p)))  # first: RSS at ready is its baseline

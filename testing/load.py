@@ -127,7 +127,8 @@ class OverloadReport:
     admitted_p50_s: float = math.nan
     admitted_p99_s: float = math.nan
     drift_bytes: int = 0  # resident memory growth after the settle time
-    synthesized: int = 0  # texts the engine ran while the load lasted (tts_batch_size_sum)
+    synthesized: int = 0  # segments the engine ran while the load lasted (tts_batch_size_sum)
+    answered: Counter[str] = field(default_factory=Counter)  # 200s by kind ("short", "max")
     rss_samples: list[tuple[float, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -182,6 +183,7 @@ def overload(
     report.synthesized = int(metric(url, "tts_batch_size_sum") - synthesized_before)
     sampler.stop()
     report.statuses = Counter(o.status for o in outcomes)
+    report.answered = Counter(o.kind for o in outcomes if o.status == 200)
     report.refused_without_retry_after = sum(
         1 for o in outcomes if o.status == 503 and not (o.retry_after or "").isdigit()
     )

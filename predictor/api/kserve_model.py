@@ -65,7 +65,7 @@ class TTSModel(Model):
         limits = TextLimits.of(self.service.settings)
         call = await off_loop(INLINE_BYTES + 1, decode_v2, payload, binary_outputs_requested(payload), limits)
         result = await pipeline.synthesize(
-            self.service, call.texts, call.params, call.ssml, self.service.settings
+            self.service, call.texts, call.params, call.ssml, self.service.settings, call.timestamps
         )
         size = sum(a.nbytes for a in result.audio)
         return await off_loop(size, encode_grpc, call, result, self.name)

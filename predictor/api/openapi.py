@@ -167,7 +167,9 @@ def _schemas(settings: Settings) -> dict[str, Any]:
             "type": "object",
             "required": ["name"],
             "properties": {
-                "name": {"type": "string", "enum": ["audio", "audio_length"]},
+                # v2_codec.OUTPUTS, which this module cannot import (KServe's protos would load into
+                # processes that hold Triton's); test_protocol checks they are the metadata's.
+                "name": {"type": "string", "enum": ["audio", "audio_length", "words"]},
                 "parameters": {
                     "type": "object",
                     "properties": {"binary_data": {"type": "boolean"}},
@@ -311,7 +313,8 @@ def document(settings: Settings) -> dict[str, Any]:
         "requestBody": {"required": True, "content": _json(_ref("inference_request"))},
         "responses": {
             "200": {
-                "description": "audio FP32 [N, S] and audio_length INT64 [N]",
+                "description": "audio FP32 [N, S] and audio_length INT64 [N]; words BYTES [N] (each "
+                "text's word timestamps as JSON) when requested",
                 "content": {
                     **_json(_ref("inference_response")),
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},

@@ -39,8 +39,8 @@ from predictor import ssml
 from predictor.api.handlers import validation_problems
 from predictor.audio import codecs
 from predictor.config import Settings
-from predictor.engine.base import SynthesisParams
-from predictor.engine.words import Word
+from predictor.engine.base import SEED_LIMIT, SynthesisParams
+from predictor.engine.words import Word, in_seconds
 from predictor.errors import BadRequest
 from predictor.observability import metrics
 from predictor.serving import pipeline
@@ -79,6 +79,9 @@ class SpeechRequest(BaseModel):
     # Ours: "word" adds each word's start and end (seconds) to SSE (a speech.audio.timestamps event
     # before each segment's audio) or to a JSON answer (Accept: application/json).
     timestamps: str | None = None
+    # Ours: the noise seed, as v2's parameter seed (engine/noise.py): the same audio every time, and
+    # the same as v2, v1 and CloudEvents give for this text and seed.
+    seed: int | None = Field(None, ge=0, le=SEED_LIMIT - 1)
 
 
 TIMESTAMPS = ("word",)
@@ -113,7 +116,7 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
             _check_timestamps(body, request.headers.get("accept", ""))
         fmt = codecs.get_format(body.response_format).name
         voice = _voice(body.voice, service, settings)
-        params = SynthesisParams(length_scale=1.0 / body.speed, voice=voice)
+        params = SynthesisParams(length_scale=1.0 / body.speed, voice=voice, seed=body.seed)
         service.check_params(params)  # before any byte is sent: a stream cannot turn into a 400 later
         started = time.monotonic()
         segments = await off_loop(
@@ -125,7 +128,7 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
             service.sample_rate,
             ssml.is_ssml(body.input),
         )
-        pipeline.check(service, segments, params)
+        pipeline.check(service, [segments], params, what="input")
 
         def first_audio() -> None:
             metrics.FIRST_PACKET_SECONDS.observe(time.monotonic() - started)
@@ -142,7 +145,7 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
                 "format": fmt,
                 "sample_rate": codecs.output_sample_rate(codecs.FORMATS[fmt], service.sample_rate),
                 "audio_seconds": round(len(whole) / service.sample_rate, 4),
-                "words": _words_json(words, service.sample_rate),
+                "words": in_seconds(words, service.sample_rate),
             }
             return Response(orjson.dumps(answer), media_type=JSON_MEDIA_TYPE)
         # Built here, not in the generator: a format that cannot stream is a 400, not a broken stream.
@@ -215,13 +218,6 @@ def _check_timestamps(body: SpeechRequest, accept: str) -> None:
         )
 
 
-def _words_json(words: list[Word], sample_rate: int) -> list[dict[str, object]]:
-    return [
-        {"word": w.word, "start": round(w.start / sample_rate, 4), "end": round(w.end / sample_rate, 4)}
-        for w in words
-    ]
-
-
 def _delta(chunk: bytes) -> bytes:
     return (
         b"data: "
@@ -249,7 +245,7 @@ async def _events(
     sent = 0
     async for chunk in chunks:
         if words is not None and len(words) > sent:
-            event = {"type": "speech.audio.timestamps", "words": _words_json(words[sent:], sample_rate)}
+            event = {"type": "speech.audio.timestamps", "words": in_seconds(words[sent:], sample_rate)}
             sent = len(words)
             yield b"data: " + orjson.dumps(event) + b"\n\n"
         yield _delta(chunk)

@@ -3,10 +3,13 @@
 KServe's servicer has no streaming method, so this handler adds it to the same service name
 (`inference.GRPCInferenceService`), where Triton's clients (`tritonclient.grpc` `start_stream` /
 `async_stream_infer`) look for it. Each request on the stream carries one text (input `text`, BYTES,
-shape [1]) and the usual v2 parameters (with ``ssml`` true the text is an SSML document, streamed
-through serving/pipeline.py as the speech route streams it); it is synthesized through the shared queue and decoded in
-windows (engine/windows.py), and each window goes back as soon as it is decoded: outputs `audio`
-FP32 [1, S] and `audio_length` INT64 [1], the request's id echoed, parameter `sample_rate`.
+shape [1]) and the usual v2 parameters (with ``ssml`` true the text is an SSML document); it is
+streamed through serving/pipeline.py as the speech route streams it: segmented, each segment
+synthesized through the shared queue and decoded in windows (engine/windows.py), the segments
+crossfaded, and each window goes back as soon as it is decoded: outputs `audio` FP32 [1, S] and
+`audio_length` INT64 [1], the request's id echoed, parameter `sample_rate`. The `words` output (word
+timestamps) is ModelInfer's: a stream asking for it is refused, as its words are known only per
+segment.
 
 Decoupled protocol, as Triton's decoupled models answer: every response carries the parameter
 `triton_final_response`, true on the request's last one. A request with the parameter
@@ -43,6 +46,7 @@ from predictor.errors import BadRequest, PredictorError
 from predictor.serving import pipeline
 from predictor.serving.interceptor import call_request_id
 from predictor.serving.limits import TextLimits
+from predictor.serving.offload import off_loop
 from predictor.serving.service import TTSService
 from predictor.shadow import recorder as records
 
@@ -154,18 +158,25 @@ class StreamInferHandler(grpc.GenericRpcHandler):
         )
         if len(call.texts) != 1:
             raise BadRequest(f"a streamed request carries one text (shape [1]), got {len(call.texts)}")
+        if call.timestamps:
+            raise BadRequest("output 'words' (word timestamps) needs ModelInfer; a stream cannot carry it")
         raw = all(binary for _, binary in call.outputs)
         sample_rate = self._service.sample_rate
-        if call.ssml:
-            settings = self._service.settings
-            pieces = pipeline.prepare(
-                call.texts[0], call.params, settings.max_segment_chars, sample_rate, True
-            )
-            pipeline.check(self._service, pieces, call.params)
-            windows = _with_last(pipeline.windows(self._service, pieces, settings.crossfade_ms))
-        else:
-            windows = self._service.stream(call.texts[0], call.params)
+        settings = self._service.settings
+        self._service.check_params(call.params)
+        (pieces,) = await off_loop(
+            len(call.texts[0]),
+            pipeline.prepare_request,
+            self._service,
+            call.texts,
+            call.params,
+            call.ssml,
+            settings,
+        )
+        windows = _with_last(pipeline.windows(self._service, pieces, settings.crossfade_ms))
         async for audio, last in windows:
+            if not len(audio) and not last:
+                continue  # the crossfade holding a segment's head: nothing to send yet
             response = pb.ModelInferResponse(model_name=self._model_name, id=call.request_id)
             response.parameters["sample_rate"].int64_param = sample_rate
             response.parameters[FINAL].bool_param = last and not empty_final

@@ -18,6 +18,7 @@ from predictor.engine.base import SynthesisParams
 from predictor.errors import BadRequest
 from predictor.events import cloudevents
 from predictor.events.outputs import OutputStore
+from predictor.serving import pipeline
 from predictor.serving.limits import TextLimits
 from predictor.serving.offload import off_loop
 from predictor.serving.params import decode_texts, parse_params
@@ -78,7 +79,7 @@ def router(service: TTSService, settings: Settings, outputs: OutputStore) -> API
             reply_headers, reply_body = await off_loop(size, cloudevents.reply, event, completion, settings)
             return Response(content=reply_body, headers=reply_headers)
         texts, params = await off_loop(len(body), decode, body)
-        result = await service.synthesize(texts, params)
+        result = await pipeline.synthesize(service, texts, params, False, settings)
         content = await off_loop(sum(a.nbytes for a in result.audio), encode, result)
         return Response(content, media_type="application/json")
 

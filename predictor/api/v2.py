@@ -44,7 +44,9 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         body = await request.body()
         headers = {k.lower(): v for k, v in request.headers.items()}
         call = await off_loop(len(body), decode, body, headers)
-        result = await pipeline.synthesize(service, call.texts, call.params, call.ssml, settings)
+        result = await pipeline.synthesize(
+            service, call.texts, call.params, call.ssml, settings, call.timestamps
+        )
         content, response_headers = await off_loop(
             sum(a.nbytes for a in result.audio), encode_rest, call, result, name
         )

@@ -15,12 +15,15 @@ from pydantic import ValidationError
 
 from predictor.api.handlers import validation_problems
 from predictor.engine.base import SynthesisParams
+from predictor.engine.words import in_seconds
 from predictor.errors import BadRequest
 from predictor.serving.limits import TextLimits
 from predictor.serving.params import decode_texts, markup_flag, parse_params, plain_value
 from predictor.serving.service import SynthesisResult
 
-OUTPUTS = ("audio", "audio_length")
+OUTPUTS = ("audio", "audio_length", "words")
+# What a request that names no outputs gets: "words" (word timestamps) only when asked for by name.
+DEFAULT_OUTPUTS = ("audio", "audio_length")
 
 
 BINARY_HEADER = "inference-header-content-length"
@@ -32,6 +35,8 @@ INPUT_METADATA = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
 OUTPUT_METADATA = [
     {"name": "audio", "datatype": "FP32", "shape": [-1, -1]},
     {"name": "audio_length", "datatype": "INT64", "shape": [-1]},
+    # Each text's words as JSON, [{"word", "start", "end"}, ...] in seconds: only when requested.
+    {"name": "words", "datatype": "BYTES", "shape": [-1]},
 ]
 
 
@@ -153,6 +158,11 @@ class V2Call:
     outputs: list[tuple[str, bool]]  # (output name, send as raw/binary)
     ssml: bool = False  # parameter ssml: each text is an SSML document (serving/pipeline.py)
 
+    @property
+    def timestamps(self) -> bool:
+        """Whether the words output (word timestamps) was requested."""
+        return any(name == "words" for name, _ in self.outputs)
+
 
 def binary_outputs_requested(payload: InferRequest) -> bool:
     """The request-level binary_data_output flag (REST), which must be a boolean when present."""
@@ -179,7 +189,7 @@ def decode_v2(payload: InferRequest, binary_default: bool, limits: TextLimits) -
                 raise BadRequest(f"outputs {r.name!r}: parameter binary_data must be a boolean, got {flag!r}")
             outputs.append((r.name, binary_default if flag is None else flag))
     else:
-        outputs = [(name, binary_default) for name in OUTPUTS]
+        outputs = [(name, binary_default) for name in DEFAULT_OUTPUTS]
     parameters = dict(payload.parameters or {})
     markup = markup_flag(parameters.pop("ssml", None))
     return V2Call(
@@ -213,7 +223,22 @@ def _texts(payload: InferRequest, limits: TextLimits, normalize: bool) -> list[s
 def _tensors(result: SynthesisResult) -> dict[str, tuple[np.ndarray, str, str]]:
     """name -> (array, v2 datatype, gRPC typed-contents field)."""
     audio, lengths = padded(result)
-    return {"audio": (audio, "FP32", "fp32_contents"), "audio_length": (lengths, "INT64", "int64_contents")}
+    tensors = {
+        "audio": (audio, "FP32", "fp32_contents"),
+        "audio_length": (lengths, "INT64", "int64_contents"),
+    }
+    if result.words is not None:
+        documents = [orjson.dumps(in_seconds(w, result.sample_rate)) for w in result.words]
+        tensors["words"] = (np.array(documents, dtype=object), "BYTES", "bytes_contents")
+    return tensors
+
+
+def _raw(array: np.ndarray) -> bytes:
+    """A tensor's raw bytes: BYTES elements each after its 4-byte little-endian length (the binary
+    tensor extension's and Triton's raw_output_contents' layout), others as they lie in memory."""
+    if array.dtype == object:
+        return b"".join(len(b).to_bytes(4, "little") + b for b in array.reshape(-1))
+    return np.ascontiguousarray(array).tobytes()
 
 
 def encode_rest(call: V2Call, result: SynthesisResult, model_name: str) -> tuple[bytes, dict[str, str]]:
@@ -229,9 +254,11 @@ def encode_rest(call: V2Call, result: SynthesisResult, model_name: str) -> tuple
         array, datatype, _ = tensors[name]
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
-            blob = np.ascontiguousarray(array).tobytes()
+            blob = _raw(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             raw.append(blob)
+        elif array.dtype == object:
+            entry["data"] = [b.decode() for b in array.reshape(-1)]
         else:
             entry["data"] = np.ascontiguousarray(array).reshape(-1)
         outputs.append(entry)
@@ -273,6 +300,6 @@ def add_grpc_outputs(
         array, datatype, field = tensors[name]
         out = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         if raw:
-            response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+            response.raw_output_contents.append(_raw(array))
         else:
             getattr(out.contents, field).extend(array.reshape(-1).tolist())

@@ -117,8 +117,10 @@ class Engine(ABC):
         Engines whose synthesize checks the voice override this to skip that check."""
         return self.synthesize(texts, params)
 
-    def align_checked(self, text: str, params: SynthesisParams) -> tuple[np.ndarray, list[Word]]:
-        """The audio of one text and when each of its written words is spoken in it (samples), from the
+    def align_checked(
+        self, texts: Sequence[str], params: SynthesisParams
+    ) -> list[tuple[np.ndarray, list[Word]]]:
+        """Each text's audio and when each of its written words is spoken in it (samples), from the
         model's own durations (engine/words.py); the noise as synthesize's, the voice checked by the
         caller."""
         raise EngineError(f"ENGINE={self.name} cannot tell how long each phoneme lasted")
@@ -174,10 +176,14 @@ class PiperEngine(Engine):
     def synthesize_checked(self, texts: Sequence[str], params: SynthesisParams) -> list[np.ndarray]:
         return [audio for audio, _ in self.spoken(texts, params)]
 
-    def align_checked(self, text: str, params: SynthesisParams) -> tuple[np.ndarray, list[Word]]:
-        ((audio, sentences),) = self.spoken([text], params)
-        voice = self.voice
-        return audio, words(text, sentences, self.hop_length, voice.espeak_voice, voice.phoneme_id_map)
+    def align_checked(
+        self, texts: Sequence[str], params: SynthesisParams
+    ) -> list[tuple[np.ndarray, list[Word]]]:
+        voice, hop = self.voice, self.hop_length
+        return [
+            (audio, words(text, sentences, hop, voice.espeak_voice, voice.phoneme_id_map))
+            for text, (audio, sentences) in zip(texts, self.spoken(texts, params), strict=True)
+        ]
 
     @abstractmethod
     def spoken(

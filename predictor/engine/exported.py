@@ -148,14 +148,12 @@ class OnnxEngine(PiperEngine):
         speaker = self._speaker_id(params.voice)
         scales = self._scales(params)
         out = []
-        k = 0  # the sentence's position in the request, which seeds its noise (as on the torch engine)
-        for text in texts:
+        for item, text in enumerate(texts):
             pieces, sentences = [], []
-            for ids in phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map):
-                latent, frames = self._encode(ids, scales, speaker, _seed(params, k))
+            for k, ids in enumerate(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map)):
+                latent, frames = self._encode(ids, scales, speaker, _seed(params, item, k))
                 pieces.append(self._decode(latent))
                 sentences.append(Sentence(ids, frames))
-                k += 1
             out.append((np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32), sentences))
         return out
 
@@ -169,7 +167,7 @@ class OnnxEngine(PiperEngine):
         if not sentences:
             yield np.zeros(0, dtype=np.float32), True
         for k, ids in enumerate(sentences):
-            latent, _ = self._encode(ids, scales, speaker, _seed(params, k))
+            latent, _ = self._encode(ids, scales, speaker, _seed(params, 0, k))
             plan = windows.plan(latent.shape[-1], sizes.first_frames, sizes.frames, self._context)
             for n, w in enumerate(plan):
                 audio = self._decode(latent[:, :, w.context_start : w.context_end])
@@ -210,6 +208,6 @@ class OnnxEngine(PiperEngine):
         return np.clip(audio.reshape(-1), -1.0, 1.0).astype(np.float32, copy=False)
 
 
-def _seed(params: SynthesisParams, k: int) -> int:
-    """Sentence k's noise seed: the request's seed + k, else a fresh one."""
-    return noise.fresh_seed() if params.seed is None else params.seed + k
+def _seed(params: SynthesisParams, item: int, k: int) -> int:
+    """The noise seed of sentence k of the call's item ``item`` (engine/noise.py), else a fresh one."""
+    return noise.fresh_seed() if params.seed is None else noise.sentence_seed(params.seed, item, k)

@@ -75,24 +75,29 @@ class TorchEngine(PiperEngine):
         self, texts: Sequence[str], params: SynthesisParams
     ) -> list[tuple[np.ndarray, list[Sentence]]]:
         voice = self.voice
-        # (text index, phoneme ids) for every sentence, in reading order.
+        # (text index, its sentence's index in the text, phoneme ids) for every sentence, in reading order.
         sentences = [
-            (i, ids)
+            (i, k, ids)
             for i, text in enumerate(texts)
-            for ids in phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map)
+            for k, ids in enumerate(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map))
         ]
         spoken: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(sentences)
         # Sorted by length, so a batch pads its sentences to similar lengths.
-        order = sorted(range(len(sentences)), key=lambda k: len(sentences[k][1]), reverse=True)
+        order = sorted(range(len(sentences)), key=lambda n: len(sentences[n][2]), reverse=True)
         per_batch = self.sentences_per_batch
         for start in range(0, len(order), per_batch):
             batch = order[start : start + per_batch]
-            for k, result in zip(
-                batch, self._run([sentences[k][1] for k in batch], batch, params), strict=True
+            seeds = (
+                None
+                if params.seed is None
+                else [noise.sentence_seed(params.seed, *sentences[n][:2]) for n in batch]
+            )
+            for n, result in zip(
+                batch, self._run([sentences[n][2] for n in batch], seeds, params), strict=True
             ):
-                spoken[k] = result
+                spoken[n] = result
         out: list[tuple[list[np.ndarray], list[Sentence]]] = [([], []) for _ in texts]
-        for (i, ids), sentence in zip(sentences, spoken, strict=True):
+        for (i, _, ids), sentence in zip(sentences, spoken, strict=True):
             assert sentence is not None  # every sentence index is in exactly one batch
             out[i][0].append(sentence[0])
             out[i][1].append(Sentence(ids, sentence[1]))
@@ -105,8 +110,8 @@ class TorchEngine(PiperEngine):
     ) -> Iterator[tuple[np.ndarray, bool]]:
         """Per sentence: text encoder, durations and flow at once, then the decoder window by window.
 
-        Sentence k draws its noise from seed + k, as in synthesize, so a seeded stream joins into
-        the same audio as the seeded whole."""
+        Sentence k draws its noise as sentence k of a call's first item does in synthesize
+        (engine/noise.py), so a seeded stream joins into the same audio as the seeded whole."""
         assert self._model is not None
         voice, device, model = self.voice, self.plan.device, self._model
         sentences = list(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map))
@@ -114,7 +119,7 @@ class TorchEngine(PiperEngine):
         if not sentences:
             yield np.zeros(0, dtype=np.float32), True
         for k, ids in enumerate(sentences):
-            generator = None if params.seed is None else noise.stream(params.seed + k)
+            generator = None if params.seed is None else noise.stream(noise.sentence_seed(params.seed, 0, k))
             with torch.inference_mode():
                 z, _, _ = model.latent(
                     torch.tensor([ids], dtype=torch.long, device=device),
@@ -144,19 +149,17 @@ class TorchEngine(PiperEngine):
         )
 
     def _run(
-        self, batch_ids: list[list[int]], positions: list[int], params: SynthesisParams
+        self, batch_ids: list[list[int]], seeds: list[int] | None, params: SynthesisParams
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(audio, frames per id) of each sentence of a batch."""
+        """(audio, frames per id) of each sentence of a batch; ``seeds``: each one's noise seed."""
         assert self._model is not None
         device = self.plan.device
         lengths = torch.tensor([len(ids) for ids in batch_ids], dtype=torch.long)
         ids = torch.zeros((len(batch_ids), int(lengths.max())), dtype=torch.long)  # [B, T], 0 = pad
         for row, seq in zip(ids, batch_ids, strict=False):
             row[: len(seq)] = torch.tensor(seq, dtype=torch.long)
-        generators = None
-        if params.seed is not None:
-            # Seeded by the sentence's position in the request, not in the batch: reproducible alone or batched.
-            generators = [noise.stream(params.seed + k) for k in positions]
+        # Seeded by the sentence's place in its item, not in the batch: reproducible alone or batched.
+        generators = None if seeds is None else [noise.stream(seed) for seed in seeds]
         with torch.inference_mode():
             result = self._model.infer(
                 ids.to(device), lengths.to(device), *self._scales(params), generator=generators

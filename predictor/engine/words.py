@@ -44,6 +44,14 @@ class Word:
     end: int
 
 
+def in_seconds(words: Sequence[Word], sample_rate: int) -> list[dict[str, object]]:
+    """Words with their start and end in seconds (to 0.1 ms), as every transport answers them."""
+    return [
+        {"word": w.word, "start": round(w.start / sample_rate, 4), "end": round(w.end / sample_rate, 4)}
+        for w in words
+    ]
+
+
 def words(
     text: str,
     sentences: Sequence[Sentence],

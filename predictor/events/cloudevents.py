@@ -1,13 +1,16 @@
 """CloudEvents on the v1 predict path, as a Knative Trigger delivers them (binary or structured mode).
 
 Request: type CE_REQUEST_TYPE, data {"text": "...", "voice"?, "format"?, "output"?, "length_scale"?,
-"noise_scale"?, "noise_w"?, "seed"?, "ssml"?} (``ssml: true``: the text is an SSML document). Reply: same mode, type CE_REPLY_TYPE (never the request's type:
+"noise_scale"?, "noise_w"?, "seed"?, "ssml"?, "timestamps"?} (``ssml: true``: the text is an SSML
+document; ``timestamps: "word"``: the inline reply carries the words). Reply: same mode, type
+CE_REPLY_TYPE (never the request's type:
 a Trigger filtering on the request type would otherwise feed our reply back to us forever), extension
 `inreplyto` = the request event's id, and data
 
 - with ``output`` (s3://bucket/key): {"uri", "sha256", "bytes", "audio_seconds", "sample_rate",
   "format"}, the audio written once however often the event is redelivered (outputs.py);
-- without: {"audio_base64", "format", "sha256", "bytes", "audio_seconds", "sample_rate"}, up to
+- without: {"audio_base64", "format", "sha256", "bytes", "audio_seconds", "sample_rate"} (and
+  "words", [{"word", "start", "end"}, ...] in seconds, when asked for), up to
   CE_INLINE_MAX_BYTES of encoded audio. An event whose audio may exceed that (an upper bound from the
   text's length, pace and format) is refused with 413 before synthesis, the message saying to pass
   ``output``; the rare text that reads much longer than it is written is still caught after synthesis.
@@ -24,7 +27,6 @@ and a downstream consumer can drop duplicates by it.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import hashlib
@@ -43,6 +45,7 @@ from predictor import text as text_prep
 from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SEED_LIMIT, SynthesisParams
+from predictor.engine.words import in_seconds
 from predictor.errors import BadRequest, Forbidden, ReplyTooLarge
 from predictor.events.outputs import (
     Completion,
@@ -55,13 +58,15 @@ from predictor.events.outputs import (
 )
 from predictor.serving import pipeline
 from predictor.serving.limits import TextLimits
+from predictor.serving.offload import off_loop
 from predictor.serving.params import decode_texts, markup_flag, parse_params
 from predictor.serving.service import TTSService
 
 STRUCTURED = "application/cloudevents+json"
 DEFAULT_FORMAT = "wav"
 # Data fields that are not synthesis parameters; everything else goes through parse_params.
-_EVENT_FIELDS = ("text", "format", "output", "ssml")
+_EVENT_FIELDS = ("text", "format", "output", "ssml", "timestamps")
+TIMESTAMPS = ("word",)
 # Namespace of reply ids (uuid5 of the request's event key): any fixed UUID would do.
 _REPLY_IDS = uuid.UUID("5b0c2f0e-8a0b-4f57-9a43-3f4c4e6f1d2a")
 
@@ -84,6 +89,7 @@ class SynthesisEvent:
     output: OutputTarget | None
     data_sha256: str  # of the data as canonical JSON: tells a redelivery with other data apart
     ssml: bool = False  # data.ssml: the text is an SSML document (serving/pipeline.py)
+    timestamps: bool = False  # data.timestamps "word": the inline reply carries the words' times
 
     @property
     def key(self) -> str:
@@ -139,6 +145,7 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
     (text,) = decode_texts(
         [data["text"]], "data.text", TextLimits.of(settings, max_items=1), normalize=not markup
     )
+    timestamps = _timestamps(data.get("timestamps"), data.get("output") is not None)
     output = _output(data["output"], settings) if data.get("output") is not None else None
     return SynthesisEvent(
         event=event,
@@ -149,7 +156,23 @@ def parse(headers: Mapping[str, str], body: bytes, settings: Settings) -> Synthe
         output=output,
         data_sha256=hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest(),
         ssml=markup,
+        timestamps=timestamps,
     )
+
+
+def _timestamps(value: Any, output: bool) -> bool:
+    """data.timestamps: absent (null) or "word", on an inline reply only: a stored output's reply is
+    replayed from storage on redelivery, which keeps no words."""
+    if value is None:
+        return False
+    if value not in TIMESTAMPS:
+        raise BadRequest(f"data.timestamps {value!r} is not supported; accepted: {', '.join(TIMESTAMPS)}")
+    if output:
+        raise BadRequest(
+            "data.timestamps needs an inline reply: a reply with data.output carries no words; "
+            "drop data.output or data.timestamps"
+        )
+    return True
 
 
 def _check_attributes(attributes: Mapping[str, Any], prefix: str) -> None:
@@ -222,24 +245,29 @@ async def complete(
     request: SynthesisEvent, service: TTSService, store: OutputStore, settings: Settings
 ) -> Completion:
     """Do what the event asks: synthesize, then write the output once, or carry the audio inline."""
-    # Refuse a bad text or voice before storage is asked anything: a 400 must not depend on S3.
-    service.check([request.text], request.params)
-    if request.ssml:
-        # The document too: bad markup is a 400 before storage is asked anything, as a bad text is.
-        pieces = pipeline.prepare(
-            request.text, request.params, settings.max_segment_chars, service.sample_rate, markup=True
-        )
-        pipeline.check(service, pieces, request.params)
-    assert service.engine is not None  # check() requires ready
+    # Refuse a bad voice, text or document before storage is asked anything: a 400 must not depend on S3.
+    service.check_params(request.params)
+    assert service.engine is not None  # check_params() requires ready
     if request.params.seed is None and service.engine.supports_seed:
         # The noise follows from the event, so a redelivery (same source and id) gets the same audio.
         request = dataclasses.replace(
             request, params=dataclasses.replace(request.params, seed=int(request.key, 16) % SEED_LIMIT)
         )
+    prepared = await off_loop(
+        len(request.text),
+        pipeline.prepare_request,
+        service,
+        [request.text],
+        request.params,
+        request.ssml,
+        settings,
+    )
     if request.output is not None:
-        return await store.complete(
-            request.output, request.key, request.data_sha256, lambda: _synthesize(request, service)
-        )
+
+        async def produce() -> EncodedAudio:
+            return (await _synthesize(request, prepared, service))[0]
+
+        return await store.complete(request.output, request.key, request.data_sha256, produce)
     bound = inline_size_bound(request.text, request.params, request.format, service.sample_rate)
     if bound > settings.ce_inline_max_bytes:
         raise ReplyTooLarge(
@@ -247,7 +275,7 @@ async def complete(
             f"CE_INLINE_MAX_BYTES={settings.ce_inline_max_bytes} for an inline reply; pass data.output (an "
             "s3:// URI) to have it written to storage, or send a shorter text"
         )
-    encoded = await _synthesize(request, service)
+    encoded, words = await _synthesize(request, prepared, service)
     if len(encoded.data) > settings.ce_inline_max_bytes:
         raise ReplyTooLarge(
             f"the {encoded.format} audio is {len(encoded.data)} bytes, over CE_INLINE_MAX_BYTES="
@@ -262,23 +290,30 @@ async def complete(
         "audio_seconds": encoded.audio_seconds,
         "sample_rate": encoded.sample_rate,
     }
+    if words is not None:
+        data["words"] = words
     return Completion(data=data, time=now_iso())
 
 
-async def _synthesize(request: SynthesisEvent, service: TTSService) -> EncodedAudio:
-    result = await pipeline.synthesize(
-        service, [request.text], request.params, request.ssml, service.settings
+async def _synthesize(
+    request: SynthesisEvent, prepared: list[list[pipeline.Piece]], service: TTSService
+) -> tuple[EncodedAudio, list[dict[str, object]] | None]:
+    """The event's audio, encoded, and its words in seconds if it asked for them."""
+    result = await pipeline.synthesize_prepared(
+        service, prepared, service.settings.crossfade_ms, request.timestamps
     )
     fmt = request.format
-    # Encoding (MP3, Opus) costs CPU time: off the event loop, like synthesis.
-    data = await asyncio.to_thread(codecs.encode, result.audio[0], result.sample_rate, fmt.name)
-    return EncodedAudio(
+    # Encoding (MP3, Opus) costs CPU time: off the event loop, as on every route.
+    audio = result.audio[0]
+    data = await off_loop(audio.nbytes, codecs.encode, audio, result.sample_rate, fmt.name)
+    encoded = EncodedAudio(
         data=data,
         format=fmt.name,
         media_type=fmt.media_type,
         sample_rate=codecs.output_sample_rate(fmt, result.sample_rate),
         audio_seconds=round(result.audio_seconds, 4),
     )
+    return encoded, None if result.words is None else in_seconds(result.words[0], result.sample_rate)
 
 
 def reply(

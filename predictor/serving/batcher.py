@@ -38,7 +38,7 @@ log = logging.getLogger("predictor.batcher")
 
 RunBatch = Callable[[Sequence[str], SynthesisParams], list[np.ndarray]]
 RunStream = Callable[[str, SynthesisParams], Iterator[tuple[np.ndarray, bool]]]
-RunAligned = Callable[[str, SynthesisParams], tuple[np.ndarray, list[Word]]]
+RunAligned = Callable[[list[str], SynthesisParams], list[tuple[np.ndarray, list[Word]]]]
 OnPiece = Callable[[np.ndarray, bool], None]
 
 
@@ -50,7 +50,8 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
     on_piece: OnPiece | None = None  # set for a streamed request: called on the loop per window
-    aligned: bool = False  # one text, answered with its words' times (word timestamps)
+    aligned: bool = False  # answered with each text's words' times too (word timestamps): runs alone
+    following: bool = False  # a later call of a request being served: neither refused nor dropped
 
     def mergeable_with(self, other: _Job) -> bool:
         alone = self.on_piece is not None or other.on_piece is not None or self.aligned or other.aligned
@@ -128,22 +129,26 @@ class Batcher:
         params: SynthesisParams,
         on_piece: OnPiece | None = None,
         aligned: bool = False,
+        following: bool = False,
     ) -> asyncio.Future:
         """Queue a request (called on the event loop).
 
         The future resolves to (one array per text, engine seconds of the call that made them). With
         on_piece, the one text is streamed instead: on_piece(audio, last) is called on the event loop
         for each window, all before the future resolves to ([], engine seconds); cancelling the
-        future stops the stream at the next window. ``aligned``: the one text runs alone and resolves
-        to ([(audio, its words' samples)], engine seconds).
+        future stops the stream at the next window. ``aligned``: the texts run alone (no other job's
+        texts in the call) and resolve to ([(audio, its words' samples)] per text, engine seconds).
+        ``following``: a later engine call of a request whose first one ran (its next segments): it
+        queues at the back as any call does, but is never refused for a full queue nor dropped for its
+        wait, since refusing it would throw away the engine time the request already had.
         """
         if on_piece is not None and (self._run_stream is None or len(texts) != 1):
             raise ValueError("a streamed request needs run_stream and exactly one text")
-        if aligned and (self._run_aligned is None or len(texts) != 1 or on_piece is not None):
-            raise ValueError("an aligned request needs run_aligned and exactly one text, not streamed")
+        if aligned and (self._run_aligned is None or on_piece is not None):
+            raise ValueError("an aligned request needs run_aligned, and is not streamed")
         loop = asyncio.get_running_loop()
         with self._cond:
-            if len(self._queue) >= self._max_queue:
+            if len(self._queue) >= self._max_queue and not following:
                 metrics.REJECTED.labels("queue_full").inc()
                 retry = max(1, math.ceil(len(self._queue) * self._job_seconds))
                 raise Overloaded(
@@ -156,13 +161,14 @@ class Batcher:
                 loop=loop,
                 on_piece=on_piece,
                 aligned=aligned,
+                following=following,
             )
             self._queue.append(job)
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._cond.notify()
         # The engine thread only checks the timeout when it reaches a job; behind a long or stuck engine
         # call that can be long after REQUEST_TIMEOUT_S, so the loop drops a job still queued by then.
-        expiry = loop.call_later(self._timeout_s, self._expire, job)
+        expiry = None if following else loop.call_later(self._timeout_s, self._expire, job)
         job.future.add_done_callback(lambda future: self._settled(job, future, expiry))
         return job.future
 
@@ -184,8 +190,9 @@ class Batcher:
                 Overloaded(f"dropped after {self._timeout_s:.1f} s in the queue (REQUEST_TIMEOUT_S)", 1)
             )
 
-    def _settled(self, job: _Job, future: asyncio.Future, expiry: asyncio.TimerHandle) -> None:
-        expiry.cancel()
+    def _settled(self, job: _Job, future: asyncio.Future, expiry: asyncio.TimerHandle | None) -> None:
+        if expiry is not None:
+            expiry.cancel()
         # A caller that went away gives its place back at once, not when the engine thread reaches it:
         # otherwise abandoned requests fill MAX_QUEUE and live ones are refused.
         if future.cancelled() and self._withdraw(job):
@@ -204,7 +211,7 @@ class Batcher:
             try:
                 if batch[0].aligned:
                     assert self._run_aligned is not None  # submit checked
-                    audio: list[Any] = [self._run_aligned(texts[0], batch[0].params)]
+                    audio: list[Any] = self._run_aligned(texts, batch[0].params)
                 else:
                     audio = self._run_batch(texts, batch[0].params)
             except BaseException as exc:  # the engine's error belongs to the requests that ran
@@ -288,7 +295,7 @@ class Batcher:
         if job.future.cancelled():
             metrics.REJECTED.labels("cancelled").inc()
             return False
-        if waited > self._timeout_s:
+        if waited > self._timeout_s and not job.following:
             metrics.REJECTED.labels("timeout").inc()
             job.resolve(error=Overloaded(f"dropped after {waited:.1f} s in the queue (REQUEST_TIMEOUT_S)", 1))
             return False

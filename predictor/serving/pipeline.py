@@ -1,12 +1,19 @@
-"""Text to crossfaded PCM in segment-sized engine calls: what the speech route runs for every input, and
-the v2 routes (REST, gRPC) and CloudEvents run for SSML.
+"""Text to crossfaded PCM in segment-sized engine calls: what every transport runs (v2 REST and gRPC,
+Triton's ModelStreamInfer, v1, CloudEvents, the speech route), each translating only its wire format.
 
     text (or SSML) -> normalized segments (and exact silences) -> engine calls through the shared
     queue, whole or by decoder window -> pieces joined with a short crossfade -> the transport
 
-Every segment is known before the first engine call, so a request making more engine calls or more
-audio than one request may is refused with 413 first (``check``). A silence (an SSML ``<break>``)
-ends one crossfaded run and starts the next: it is exactly its length, neither faded nor shortened.
+Every segment of every text of a request is known before the first engine call, so a request making
+more engine calls or more audio than one request may is refused with 413 first (``check``). A silence
+(an SSML ``<break>``) ends one crossfaded run and starts the next: it is exactly its length, neither
+faded nor shortened.
+
+A request's segments are numbered through the request, and segment n draws its noise as item n of a
+call seeded with the request's seed (engine/noise.py). Whole answers go through the queue in calls of
+up to MAX_BATCH_SIZE consecutive segments (one on CPU, so a long text shares the engine with other
+requests segment by segment; sixteen on a GPU, batched); streams go segment by segment, window by
+window. Either way the same text with the same seed is the same audio on every transport.
 """
 
 from __future__ import annotations
@@ -20,15 +27,17 @@ import numpy as np
 from predictor import ssml, text
 from predictor.audio import crossfade
 from predictor.config import Settings
+from predictor.engine import noise
 from predictor.engine.base import SynthesisParams
 from predictor.engine.words import Word
-from predictor.errors import NothingToSpeak
+from predictor.errors import BadRequest, NothingToSpeak
+from predictor.serving.offload import off_loop
 from predictor.serving.service import SynthesisResult, TTSService
 
 
 @dataclass(frozen=True)
 class Segment:
-    """Text the engine speaks in one call, with the parameters of its span."""
+    """Text the engine speaks in one call, with the parameters of its span (its seed the segment's own)."""
 
     text: str
     params: SynthesisParams
@@ -45,16 +54,25 @@ Piece = Segment | Silence
 
 
 def prepare(
-    source: str, params: SynthesisParams, max_segment_chars: int, sample_rate: int, markup: bool
+    source: str,
+    params: SynthesisParams,
+    max_segment_chars: int,
+    sample_rate: int,
+    markup: bool,
+    first: int = 0,
 ) -> list[Piece]:
-    """``source`` normalized and cut into its segments, all of them. ``markup``: ``source`` is SSML
-    (predictor/ssml.py), each span's segments at the span's pace and its breaks as silences; a
-    document outside the subset is a BadRequest here, before anything is synthesized."""
+    """``source`` normalized and cut into its segments, all of them, numbered from ``first`` (the
+    segments of the request's texts before it). ``markup``: ``source`` is SSML (predictor/ssml.py),
+    each span's segments at the span's pace and its breaks as silences; a document outside the subset
+    is a BadRequest here, before anything is synthesized."""
     if not markup:
-        return [Segment(s, params) for s in text.split_segments(text.normalize(source), max_segment_chars)]
+        spans: list[ssml.Part] = [ssml.Span(source, 1.0)]
+    else:
+        spans = ssml.parse(source)
     pieces: list[Piece] = []
     base = params.length_scale
-    for part in ssml.parse(source):
+    n = first
+    for part in spans:
         if isinstance(part, ssml.Break):
             pieces.append(Silence(round(part.seconds * sample_rate)))
             continue
@@ -64,22 +82,138 @@ def prepare(
             if part.rate == 1.0
             else dataclasses.replace(params, length_scale=(base or 1.0) / part.rate)
         )
-        pieces += [
-            Segment(s, paced) for s in text.split_segments(text.normalize(part.text), max_segment_chars)
-        ]
+        for s in text.split_segments(text.normalize(part.text), max_segment_chars):
+            pieces.append(Segment(s, _item(paced, n)))
+            n += 1
     return pieces
 
 
-def check(service: TTSService, pieces: list[Piece], params: SynthesisParams) -> None:
-    """Refuse, before any engine call, what has nothing to speak (400) or would make more engine calls
-    or audio than one request may (413): characters count at their span's pace, breaks as their length."""
-    spoken = [p for p in pieces if isinstance(p, Segment)]
-    if not spoken:
-        raise NothingToSpeak("input has nothing to speak (no phonemes)")
+def prepare_request(
+    service: TTSService, texts: list[str], params: SynthesisParams, markup: bool, settings: Settings
+) -> list[list[Piece]]:
+    """Every text's pieces, numbered through the request, and checked (``check``) before any engine call."""
+    prepared, first = [], 0
+    for i, source in enumerate(texts):
+        if not source.strip():
+            raise BadRequest(f"text[{i}] is empty or whitespace only")
+        pieces = prepare(source, params, settings.max_segment_chars, service.sample_rate, markup, first)
+        first += sum(isinstance(p, Segment) for p in pieces)
+        prepared.append(pieces)
+    check(service, prepared, params)
+    return prepared
+
+
+def check(
+    service: TTSService, prepared: list[list[Piece]], params: SynthesisParams, what: str = "text"
+) -> None:
+    """Refuse, before any engine call, a text with nothing to speak (400, naming ``what``) and a request
+    that would make more engine calls or audio than one request may (413): characters count at their
+    span's pace, breaks as their length."""
+    for i, pieces in enumerate(prepared):
+        if not any(isinstance(p, Segment) for p in pieces):
+            name = f"{what}[{i}]" if what == "text" or len(prepared) > 1 else what
+            raise NothingToSpeak(f"{name} has nothing to speak (no phonemes)")
+    spoken = [p for pieces in prepared for p in pieces if isinstance(p, Segment)]
     base = params.length_scale or 1.0
     paced = sum(len(s.text) * (s.params.length_scale or base) / base for s in spoken)
-    silence_s = sum(p.samples for p in pieces if isinstance(p, Silence)) / service.sample_rate
+    silence_s = sum(p.samples for ps in prepared for p in ps if isinstance(p, Silence)) / service.sample_rate
     service.check_work(round(paced), len(spoken), params.length_scale, silence_s)
+
+
+def _item(params: SynthesisParams, n: int) -> SynthesisParams:
+    """``params`` for the request's segment ``n``: its seed that of item n of a call seeded with it."""
+    if params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=noise.sentence_seed(params.seed, n, 0))
+
+
+class _Joined:
+    """One text's audio as its pieces arrive: segments crossfaded in runs, breaks as exact silences and,
+    with ``words``, each word's start and end in samples of the joined audio (a segment starts where
+    the crossfade lays it, its fade-in included)."""
+
+    def __init__(self, sample_rate: int, crossfade_ms: float, words: list[Word] | None):
+        self.joiner = crossfade.CrossfadeJoiner(sample_rate, crossfade_ms)
+        self.words = words
+        self.spoken = False
+        # Where the joined audio ends so far (held tail included), and the last segment's length in the
+        # current crossfaded run (the joiner holds min(fade, that) to overlap the next segment's head).
+        self._end, self._previous = 0, 0
+
+    def silence(self, samples: int) -> np.ndarray:
+        self._end, self._previous = self._end + samples, 0
+        return np.concatenate([self.joiner.finish(), np.zeros(samples, dtype=np.float32)])
+
+    def segment(self, audio: np.ndarray, said: list[Word] | None) -> np.ndarray:
+        n = len(audio)
+        start = self._end - min(self.joiner.fade_samples, self._previous, n)
+        self._end, self._previous = start + n, n
+        if self.words is not None and said is not None:
+            self.words += [Word(w.word, start + w.start, start + w.end) for w in said]
+        self.spoken = True
+        return self.joiner.push(audio)
+
+    def finish(self) -> np.ndarray:
+        return self.joiner.finish()
+
+
+@dataclass(frozen=True)
+class _Spoken:
+    """A piece of the request with its audio: None for a silence or a segment the engine read as nothing."""
+
+    text: int  # which of the request's texts it belongs to
+    piece: Piece
+    audio: np.ndarray | None
+    words: list[Word] | None
+    engine_seconds: float  # of the call that made it, counted once: on the call's first segment
+
+
+async def _spoken(
+    service: TTSService, pieces: list[tuple[int, Piece]], aligned: bool
+) -> AsyncIterator[_Spoken]:
+    """Each piece in order with its audio: segments through the shared queue in calls of up to
+    MAX_BATCH_SIZE consecutive ones of the same span (a call's item j is its first segment + j, so
+    its noise is the segment's own), breaks as they are. A segment espeak-ng reads as nothing (a lone
+    symbol it skips) comes back as nothing, not as an error: ``check`` has made sure the request has
+    something to speak, and a text that ends up with nothing is the caller's 400."""
+    limit = service.settings.batch_size
+    i, following = 0, False
+    while i < len(pieces):
+        t, piece = pieces[i]
+        if isinstance(piece, Silence) or not text.has_pronounceable(piece.text):
+            yield _Spoken(t, piece, None, None, 0.0)
+            i += 1
+            continue
+        group = [pieces[i]]
+        while len(group) < limit and i + len(group) < len(pieces):
+            _, after = pieces[i + len(group)]
+            if not (
+                isinstance(after, Segment)
+                and text.has_pronounceable(after.text)
+                and after.params == _next(piece.params, len(group))
+            ):
+                break
+            group.append(pieces[i + len(group)])
+        i += len(group)
+        texts = [s.text for _, s in group if isinstance(s, Segment)]
+        said: list[list[Word]] | list[None]
+        # The request's later calls are not refused or dropped once its first has run (Batcher.submit).
+        if aligned:
+            result, said = await service.synthesize_aligned(texts, piece.params, True, following)
+        else:
+            result, said = await service.synthesize(texts, piece.params, True, following), [None] * len(texts)
+        following = True
+        for j, ((owner, segment), audio, words) in enumerate(zip(group, result.audio, said, strict=True)):
+            seconds = result.engine_seconds if j == 0 else 0.0
+            yield _Spoken(owner, segment, audio if len(audio) else None, words, seconds)
+
+
+def _next(first: SynthesisParams, j: int) -> SynthesisParams:
+    """The parameters of the segment j after one with ``first`` in the same span: the same, its seed
+    (if any) that of item j of a call seeded as ``first``."""
+    if first.seed is None:
+        return first
+    return dataclasses.replace(first, seed=first.seed + j * noise.ITEM_STRIDE)
 
 
 async def whole(
@@ -87,61 +221,44 @@ async def whole(
     pieces: list[Piece],
     crossfade_ms: float,
     on_first: Callable[[], None] | None = None,
-    spent: list[float] | None = None,
     words: list[Word] | None = None,
 ) -> AsyncIterator[np.ndarray]:
-    """Crossfaded PCM, one piece per segment synthesized whole (the last piece holds the tail);
-    ``on_first`` is called when the first audio is ready, ``spent`` gets each call's engine seconds.
-    ``words``: each segment's words are appended, in samples of the joined audio, before its piece
-    is yielded (engine/words.py; a segment starts where the crossfade lays it, its fade-in included)."""
-    joiner = crossfade.CrossfadeJoiner(service.sample_rate, crossfade_ms)
-    first = True
-    # Where the joined audio ends so far (held tail included), and the last segment's length in the
-    # current crossfaded run (the joiner holds min(fade, that) to overlap the next segment's head).
-    end, previous = 0, 0
-    for piece in pieces:
-        if isinstance(piece, Silence):
-            end, previous = end + piece.samples, 0
-            yield np.concatenate([joiner.finish(), np.zeros(piece.samples, dtype=np.float32)])
+    """One text's crossfaded PCM, a piece per segment synthesized whole (the last piece holds the
+    tail); ``on_first`` is called when the first audio is ready. ``words``: each segment's words are
+    appended, in samples of the joined audio, before its piece is yielded (engine/words.py)."""
+    joined = _Joined(service.sample_rate, crossfade_ms, words)
+    async for spoken in _spoken(service, [(0, p) for p in pieces], aligned=words is not None):
+        if isinstance(spoken.piece, Silence):
+            yield joined.silence(spoken.piece.samples)
             continue
-        try:
-            if words is None:
-                result = await service.synthesize([piece.text], piece.params)
-            else:
-                result, said = await service.synthesize_aligned(piece.text, piece.params)
-        except NothingToSpeak:
-            # A segment espeak-ng reads as nothing (a lone symbol it skips) is silence, not an error,
-            # unless the whole input is: then the first piece below raises before any byte is sent.
+        if spoken.audio is None:
             continue
-        if spent is not None:
-            spent.append(result.engine_seconds)
-        n = len(result.audio[0])
-        start = end - min(joiner.fade_samples, previous, n)
-        end, previous = start + n, n
-        if words is not None:
-            words += [Word(w.word, start + w.start, start + w.end) for w in said]
-        audio = joiner.push(result.audio[0])
+        first = not joined.spoken
+        audio = joined.segment(spoken.audio, spoken.words)
         if first and on_first is not None:
             on_first()
-        first = False
         yield audio
-    if first:
+    if not joined.spoken:
         raise NothingToSpeak("input has nothing to speak (no phonemes)")
-    yield joiner.finish()
+    yield joined.finish()
 
 
 async def windows(
     service: TTSService, pieces: list[Piece], crossfade_ms: float, on_first: Callable[[], None] | None = None
 ) -> AsyncIterator[np.ndarray]:
-    """Crossfaded PCM, one piece per decoder window as it is decoded (the last piece holds the tail)."""
+    """One text's crossfaded PCM, a piece per decoder window as it is decoded (the last piece holds
+    the tail)."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, crossfade_ms)
-    first = True
+    first, following = True, False
     for piece in pieces:
         if isinstance(piece, Silence):
             yield np.concatenate([joiner.finish(), np.zeros(piece.samples, dtype=np.float32)])
             continue
+        if not text.has_pronounceable(piece.text):
+            continue
         starts_segment = True
-        async for audio, _last in service.stream(piece.text, piece.params):
+        async for audio, _last in service.stream(piece.text, piece.params, following):
+            following = True
             out = joiner.push_piece(audio, starts_segment)
             starts_segment = False
             if first and len(out):
@@ -153,29 +270,42 @@ async def windows(
 
 
 async def synthesize(
-    service: TTSService, texts: list[str], params: SynthesisParams, markup: bool, settings: Settings
-) -> SynthesisResult:
-    """What v2 (REST, gRPC) and CloudEvents answer: the engine's audio of each text in one call (its
-    sentences batched), or, for SSML documents, each made as the speech route makes its audio."""
-    if not markup:
-        return await service.synthesize(texts, params)
-    return await synthesize_markup(service, texts, params, settings.max_segment_chars, settings.crossfade_ms)
-
-
-async def synthesize_markup(
     service: TTSService,
-    documents: list[str],
+    texts: list[str],
     params: SynthesisParams,
-    max_segment_chars: int,
-    crossfade_ms: float,
+    markup: bool,
+    settings: Settings,
+    timestamps: bool = False,
 ) -> SynthesisResult:
-    """The audio of each SSML document, as the speech route makes it: every document is parsed and
-    checked before the first engine call."""
-    prepared = [prepare(d, params, max_segment_chars, service.sample_rate, markup=True) for d in documents]
-    for pieces in prepared:
-        check(service, pieces, params)
-    spent: list[float] = []
-    audio = [
-        np.concatenate([a async for a in whole(service, p, crossfade_ms, spent=spent)]) for p in prepared
-    ]
-    return SynthesisResult(audio=audio, sample_rate=service.sample_rate, engine_seconds=sum(spent))
+    """What v2 (REST, gRPC), v1 and CloudEvents answer: each text's audio, made as the speech route
+    makes a whole answer (``markup``: the texts are SSML documents), all checked before the first engine
+    call; ``timestamps``: with each text's words too."""
+    prepared = await off_loop(sum(map(len, texts)), prepare_request, service, texts, params, markup, settings)
+    return await synthesize_prepared(service, prepared, settings.crossfade_ms, timestamps)
+
+
+async def synthesize_prepared(
+    service: TTSService, prepared: list[list[Piece]], crossfade_ms: float, timestamps: bool = False
+) -> SynthesisResult:
+    """The audio of texts already prepared and checked (prepare_request), in one pass over their pieces."""
+    joined = [_Joined(service.sample_rate, crossfade_ms, [] if timestamps else None) for _ in prepared]
+    parts: list[list[np.ndarray]] = [[] for _ in prepared]
+    spent = 0.0
+    flat = [(t, p) for t, pieces in enumerate(prepared) for p in pieces]
+    async for spoken in _spoken(service, flat, aligned=timestamps):
+        spent += spoken.engine_seconds
+        into = joined[spoken.text]
+        if isinstance(spoken.piece, Silence):
+            parts[spoken.text].append(into.silence(spoken.piece.samples))
+        elif spoken.audio is not None:
+            parts[spoken.text].append(into.segment(spoken.audio, spoken.words))
+    for i, into in enumerate(joined):
+        if not into.spoken:
+            raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
+        parts[i].append(into.finish())
+    return SynthesisResult(
+        audio=[np.concatenate(p) for p in parts],
+        sample_rate=service.sample_rate,
+        engine_seconds=spent,
+        words=[j.words or [] for j in joined] if timestamps else None,
+    )

@@ -44,6 +44,8 @@ class SynthesisResult:
     audio: list[np.ndarray]  # one float32 mono array per text, in [-1, 1]
     sample_rate: int
     engine_seconds: float
+    # Each text's words, in samples of its audio, where timestamps were asked for (serving/pipeline.py).
+    words: list[list[Word]] | None = None
 
     @property
     def audio_seconds(self) -> float:
@@ -255,7 +257,9 @@ class TTSService:
             params = dataclasses.replace(params, length_scale=default)
         return params
 
-    async def stream(self, text: str, params: SynthesisParams) -> AsyncIterator[tuple[np.ndarray, bool]]:
+    async def stream(
+        self, text: str, params: SynthesisParams, following: bool = False
+    ) -> AsyncIterator[tuple[np.ndarray, bool]]:
         """The audio of one text as (float32 piece, last) per decoder window, as each is decoded.
 
         Admission, queue, timeout and drain as for synthesize: the stream takes one place in the queue
@@ -271,7 +275,7 @@ class TTSService:
         spoken: list[np.ndarray] = []
         async with self._engine_call():
             future = self._batcher.submit(
-                [text], params, on_piece=lambda a, last: pieces.put_nowait((a, last))
+                [text], params, on_piece=lambda a, last: pieces.put_nowait((a, last)), following=following
             )
             try:
                 # Resolves after every piece was queued (same loop, FIFO): None marks the end.
@@ -286,45 +290,50 @@ class TTSService:
         audio = np.concatenate(spoken) if spoken else np.zeros(0, dtype=np.float32)
         self._observe([text], [audio], sample_rate, engine_seconds)
 
-    async def synthesize(self, texts: Sequence[str], params: SynthesisParams) -> SynthesisResult:
-        result, _ = await self._synthesize(texts, params, aligned=False)
+    async def synthesize(
+        self, texts: Sequence[str], params: SynthesisParams, partial: bool = False, following: bool = False
+    ) -> SynthesisResult:
+        """The audio of each text, in one engine call through the queue. ``partial``: a text the engine
+        reads as nothing comes back empty instead of failing the call (the pipeline's segments).
+        ``following``: a later call of a request already served once (Batcher.submit)."""
+        result, _ = await self._synthesize(texts, params, False, partial, following)
         return result
 
     async def synthesize_aligned(
-        self, text: str, params: SynthesisParams
-    ) -> tuple[SynthesisResult, list[Word]]:
-        """The audio of one text, as synthesize, with when each written word is spoken in it (samples,
-        engine/words.py)."""
-        result, said = await self._synthesize([text], params, aligned=True)
+        self, texts: Sequence[str], params: SynthesisParams, partial: bool = False, following: bool = False
+    ) -> tuple[SynthesisResult, list[list[Word]]]:
+        """The audio of each text, as synthesize, with when each of its written words is spoken in it
+        (samples, engine/words.py)."""
+        result, said = await self._synthesize(texts, params, True, partial, following)
         assert said is not None
         return result, said
 
     async def _synthesize(
-        self, texts: Sequence[str], params: SynthesisParams, aligned: bool
-    ) -> tuple[SynthesisResult, list[Word] | None]:
-        """One engine call through the queue; ``aligned`` (one text): with its words' times too."""
+        self, texts: Sequence[str], params: SynthesisParams, aligned: bool, partial: bool, following: bool
+    ) -> tuple[SynthesisResult, list[list[Word]] | None]:
+        """One engine call through the queue; ``aligned``: with each text's words' times too."""
         params = self._with_defaults(params)
         self.check(texts, params)
         assert self._batcher is not None and self.engine is not None
-        said: list[Word] | None = None
+        said: list[list[Word]] | None = None
         async with self._engine_call():
             with tracing.tracer().start_as_current_span(
                 "synthesize", attributes={"tts.items": len(texts)}
             ) as span:
+                answered, engine_seconds = await self._batcher.submit(
+                    list(texts), params, aligned=aligned, following=following
+                )
                 if aligned:
-                    ((audio_0, said),), engine_seconds = await self._batcher.submit(
-                        list(texts), params, aligned=True
-                    )
-                    audio = [audio_0]
+                    audio, said = [a for a, _ in answered], [w for _, w in answered]
                 else:
-                    audio, engine_seconds = await self._batcher.submit(list(texts), params)
+                    audio = answered
                 result = SynthesisResult(
                     audio=audio, sample_rate=self.engine.sample_rate, engine_seconds=engine_seconds
                 )
                 span.set_attribute("tts.audio_seconds", result.audio_seconds)
                 span.set_attribute("tts.engine_seconds", engine_seconds)
         for i, a in enumerate(audio):
-            if len(a) == 0:
+            if len(a) == 0 and not partial:
                 raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
         self._observe(texts, audio, result.sample_rate, engine_seconds)
         return result, said

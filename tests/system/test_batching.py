@@ -104,12 +104,15 @@ def test_grpc_overload_is_unavailable(start_predictor):
 
 
 def test_requests_queued_past_the_timeout_are_dropped(start_predictor):
-    predictor = start_predictor(REQUEST_TIMEOUT_S="0.5")
+    # One segment holding the engine past the timeout: a text of several segments would let the
+    # queued requests in between two of them (serving/pipeline.py).
+    predictor = start_predictor(REQUEST_TIMEOUT_S="0.5", MAX_SEGMENT_CHARS="1000")
+    one_call = ", ".join(["every request either gets a place in the queue or an answer at once"] * 6) + "."
     counters = ("tts_synthesis_seconds_count", "tts_batch_size_count", "tts_audio_seconds_count")
     before = {name: predictor.metric(name) for name in counters}
 
     results = concurrently(
-        predictor, [v2_request(LONG), v2_request("Waiting."), v2_request("Also waiting.")], stagger_s=0.05
+        predictor, [v2_request(one_call), v2_request("Waiting."), v2_request("Also waiting.")], stagger_s=0.05
     )
 
     assert results[0].status_code == 200

@@ -59,7 +59,7 @@ def test_an_artifact_published_before_the_encoder_rewrites_loads_and_seeds_witho
         from predictor.engine.exported import OnnxEngine
         e = OnnxEngine(device="cpu", threads=1)
         e.load(Path({str(old)!r}))
-        audio, words = e.align_checked("Old voices still speak.", SynthesisParams(seed=4))
+        ((audio, words),) = e.align_checked(["Old voices still speak."], SynthesisParams(seed=4))
         print(len(audio), len(words))
         """,
         tmp_path,

@@ -303,7 +303,9 @@ def test_an_encoder_published_before_its_noise_input_and_durations_output_is_rew
     np.testing.assert_array_equal(
         loaded.synthesize(TEXTS[1:2], seeded)[0], onnx_engine.synthesize(TEXTS[1:2], seeded)[0]
     )
-    assert loaded.align_checked(TEXTS[1], seeded)[1] == onnx_engine.align_checked(TEXTS[1], seeded)[1]
+    assert (
+        loaded.align_checked(TEXTS[1:2], seeded)[0][1] == onnx_engine.align_checked(TEXTS[1:2], seeded)[0][1]
+    )
 
 
 @pytest.mark.parametrize("engine", ["torch", "onnx"])
@@ -315,7 +317,7 @@ def test_the_models_durations_add_up_to_its_audio_and_every_written_word_is_time
     text = TEXTS[2] + " " + TEXTS[1]  # numbers, abbreviations, several sentences
 
     ((audio, sentences),) = chosen.spoken([text], SynthesisParams(seed=3))
-    audio_again, words = chosen.align_checked(text, SynthesisParams(seed=3))
+    ((audio_again, words),) = chosen.align_checked([text], SynthesisParams(seed=3))
 
     assert sum(int(s.frames.sum()) for s in sentences) * chosen.hop_length == len(audio)  # to the sample
     np.testing.assert_array_equal(audio_again, audio)
@@ -329,7 +331,7 @@ def test_the_models_durations_add_up_to_its_audio_and_every_written_word_is_time
 def test_seeded_word_times_agree_between_the_engines(engines):
     torch_engine, onnx_engine = engines
 
-    _, ours = torch_engine.align_checked(TEXTS[1], SynthesisParams(seed=5))
-    _, theirs = onnx_engine.align_checked(TEXTS[1], SynthesisParams(seed=5))
+    ((_, ours),) = torch_engine.align_checked(TEXTS[1:2], SynthesisParams(seed=5))
+    ((_, theirs),) = onnx_engine.align_checked(TEXTS[1:2], SynthesisParams(seed=5))
 
     assert ours == theirs

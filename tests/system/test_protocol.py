@@ -66,7 +66,10 @@ def test_model_metadata_describes_tensors_and_sample_rate(predictor):
     meta = predictor.get("/v2/models/tts").json()
 
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
-    assert [o["name"] for o in meta["outputs"]] == ["audio", "audio_length"]
+    assert [o["name"] for o in meta["outputs"]] == ["audio", "audio_length", "words"]
+    document = predictor.get("/v2/openapi.json").json()
+    requestable = document["components"]["schemas"]["request_output"]["properties"]["name"]["enum"]
+    assert requestable == [o["name"] for o in meta["outputs"]]
     assert meta["parameters"]["sample_rate"] == 22050
 
 

@@ -382,10 +382,10 @@ _BROKEN = textwrap.dedent(
     _synthesize = service.TTSService.synthesize
 
 
-    async def synthesize(self, texts, params):
+    async def synthesize(self, texts, params, **kwargs):
         if any("BOOM" in t for t in texts):
             raise RuntimeError("deliberately broken for a test")
-        return await _synthesize(self, texts, params)
+        return await _synthesize(self, texts, params, **kwargs)
 
 
     service.TTSService.synthesize = synthesize

@@ -21,6 +21,9 @@ from testing.predictor import PredictorProcess
 from testing.probes import probes_from_another_process
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
+# One sentence of 268 characters: one segment, so one engine call that holds the engine for a second
+# or so (a text of several would let queued calls in between its segments: serving/pipeline.py).
+ONE_CALL = ", ".join([SENTENCE[:-1]] * 6) + "."
 MAX_ENGINE_CALLS = 5
 PROBE_TIMEOUT_S = 1.0  # Kubernetes' default timeoutSeconds, which the manifests keep
 MAX_REQUEST_AUDIO_S = 60.0
@@ -198,7 +201,7 @@ def test_a_grpc_infer_whose_caller_gives_up_while_queued_never_reaches_the_engin
     texts_before = p.metric("tts_batch_size_sum")
     cancelled_before = p.metric("tts_requests_total", route=route, code="CANCELLED")
     ok_before = p.metric("tts_requests_total", route=route, code="OK")
-    busy = threading.Thread(target=lambda: _grpc_infer(p, " ".join([SENTENCE] * 12)))
+    busy = threading.Thread(target=lambda: _grpc_infer(p, ONE_CALL))
     busy.start()
     wait_until(lambda: p.metric("tts_in_flight_requests") >= 1, 30, what="the long call running")
 
@@ -211,7 +214,7 @@ def test_a_grpc_infer_whose_caller_gives_up_while_queued_never_reaches_the_engin
     busy.join(120)
     wait_until(lambda: p.metric("tts_in_flight_requests") == 0, 60, what="the engine idle")
 
-    assert p.metric("tts_batch_size_sum") - texts_before == 1  # the long call's text, nothing else
+    assert p.metric("tts_batch_size_sum") - texts_before == 1  # the long call's one segment, nothing else
     assert p.metric("tts_requests_total", route=route, code="CANCELLED") == cancelled_before + 1
     assert p.metric("tts_requests_total", route=route, code="OK") == ok_before + 1
 
@@ -273,7 +276,7 @@ def test_a_rest_request_whose_client_hangs_up_while_queued_never_reaches_the_eng
     p = one_at_a_time
     texts_before = p.metric("tts_batch_size_sum")
     gone_before = p.metric("tts_requests_total", route=route, code="499")
-    busy = threading.Thread(target=lambda: _grpc_infer(p, " ".join([SENTENCE] * 12)))
+    busy = threading.Thread(target=lambda: _grpc_infer(p, ONE_CALL))
     busy.start()
     wait_until(lambda: p.metric("tts_in_flight_requests") >= 1, 30, what="the long call running")
 
@@ -283,5 +286,5 @@ def test_a_rest_request_whose_client_hangs_up_while_queued_never_reaches_the_eng
     busy.join(120)
     wait_until(lambda: p.metric("tts_in_flight_requests") == 0, 60, what="the engine idle")
 
-    assert p.metric("tts_batch_size_sum") - texts_before == 1  # the long call's text, nothing else
+    assert p.metric("tts_batch_size_sum") - texts_before == 1  # the long call's one segment, nothing else
     assert p.metric("tts_requests_total", route=route, code="499") == gone_before + 1

@@ -289,6 +289,29 @@ def test_a_request_queued_past_the_timeout_is_dropped_without_engine_time() -> N
     assert rejected("timeout") - timeouts_before == 1
 
 
+def test_a_later_segment_of_a_request_being_served_is_neither_refused_for_a_full_queue_nor_dropped() -> None:
+    engine = FakeEngine()
+    batcher = make_batcher(engine, max_queue=1, timeout_s=0.1)
+    refused_before, timeouts_before = rejected("queue_full"), rejected("timeout")
+
+    async def main() -> list[Any]:
+        first = await plug(engine, lambda: batcher.submit(["Plug."], QUIET))
+        waiting = batcher.submit(["Fills the queue."], QUIET)
+        # The queue is full and both would wait past the timeout: a fresh call would be refused.
+        later = batcher.submit(["Its next segment."], QUIET, following=True)
+        await asyncio.sleep(0.2)
+        engine.release()
+        await first
+        return await asyncio.gather(waiting, later, return_exceptions=True)
+
+    waiting, later = run(main)
+
+    assert isinstance(waiting, Overloaded) and "REQUEST_TIMEOUT_S" in waiting.message
+    assert not isinstance(later, BaseException) and len(later[0]) == 1
+    assert engine.texts_seen == ["Plug.", "Its next segment."]
+    assert rejected("queue_full") == refused_before and rejected("timeout") - timeouts_before == 1
+
+
 def test_a_queued_request_times_out_while_the_engine_is_still_busy() -> None:
     engine = FakeEngine()
     batcher = make_batcher(engine, timeout_s=0.1)
