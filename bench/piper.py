@@ -12,6 +12,7 @@ in alternating order.
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import time
@@ -58,6 +59,9 @@ TEXTS = {
     ),
 }
 CONCURRENCY = (4, 8)
+# ENGINE_WORKERS values whose throughput is measured (BENCH_PIPER_WORKERS, comma-separated): the
+# table that chooses the default.
+WORKERS = tuple(int(w) for w in os.environ.get("BENCH_PIPER_WORKERS", "1,2").split(","))
 LOAD_REQUESTS = 24  # per level: medium sentences and three-sentence texts, alternating
 FIRST_AUDIO_GOAL = 0.3  # of our whole response, for texts of 25 characters and more
 WHOLE_GOAL = 0.95  # ours / Piper's
@@ -207,39 +211,65 @@ def run(session: Session) -> SuiteResult:
                 )
             )
             details[name] = {"ours_s": ours, "piper_s": theirs, "first_s": firsts}
+    # The CPU parallelism to choose from: one predictor per ENGINE_WORKERS value, each loaded only now
+    # (idle while the others are measured), all against the same Piper server.
+    ours = {1: p}
+    for workers in WORKERS:
+        if workers not in ours:
+            ours[workers] = Predictor(
+                session, session.path(f"model-piper-ours-{workers}"), ENGINE_WORKERS=str(workers)
+            )
+            ours[workers].wait_ready(600)
     for clients in CONCURRENCY:
         # Alternate which server goes first, so drift on the machine hits both.
-        order = [("ours", _ours_sender(p)), ("piper", piper.synthesize)]
+        order = [(f"ours-{w}", _ours_sender(ours[w])) for w in WORKERS] + [("piper", piper.synthesize)]
         if clients % 8 == 0:
             order.reverse()
         measured = {name: _load(send, clients) for name, send in order}
-        (ours_rps, ours_lat), (piper_rps, piper_lat) = measured["ours"], measured["piper"]
-        res.rows += [
-            Row(
-                "piper",
-                f"throughput, {clients} clients",
-                ours_rps,
-                "req/s",
-                "Piper's server",
-                piper_rps,
-                ours_rps / piper_rps,
-                goal=f">= {THROUGHPUT_GOAL}x",
-                met=ours_rps / piper_rps >= THROUGHPUT_GOAL,
-                note=f"{LOAD_REQUESTS} requests, medium and three-sentence texts",
-            ),
-            Row(
-                "piper",
-                f"p99, {clients} clients",
-                percentile(ours_lat, 99) * 1e3,
-                "ms",
-                "Piper's p99",
-                percentile(piper_lat, 99) * 1e3,
-                percentile(ours_lat, 99) / percentile(piper_lat, 99),
-                goal="<= 1.0x",
-                met=percentile(ours_lat, 99) <= percentile(piper_lat, 99),
-            ),
-        ]
-        details[f"load_{clients}"] = {"ours_s": ours_lat, "piper_s": piper_lat}
+        piper_rps, piper_lat = measured["piper"]
+        for workers in WORKERS:
+            ours_rps, ours_lat = measured[f"ours-{workers}"]
+            res.rows += [
+                Row(
+                    "piper",
+                    f"throughput, {clients} clients, ENGINE_WORKERS={workers}",
+                    ours_rps,
+                    "req/s",
+                    "Piper's server",
+                    piper_rps,
+                    ours_rps / piper_rps,
+                    goal=f">= {THROUGHPUT_GOAL}x",
+                    met=ours_rps / piper_rps >= THROUGHPUT_GOAL,
+                    note=f"{LOAD_REQUESTS} requests, medium and three-sentence texts",
+                ),
+                Row(
+                    "piper",
+                    f"p99, {clients} clients, ENGINE_WORKERS={workers}",
+                    percentile(ours_lat, 99) * 1e3,
+                    "ms",
+                    "Piper's p99",
+                    percentile(piper_lat, 99) * 1e3,
+                    percentile(ours_lat, 99) / percentile(piper_lat, 99),
+                    goal="<= 1.0x",
+                    met=percentile(ours_lat, 99) <= percentile(piper_lat, 99),
+                ),
+            ]
+            details[f"load_{clients}_workers_{workers}"] = {"ours_s": ours_lat, "piper_s": piper_lat}
+    for workers in WORKERS:
+        if workers != 1:
+            rss = psutil.Process(ours[workers].proc.pid).memory_info().rss
+            res.rows.append(
+                Row(
+                    "piper",
+                    f"resident memory after the run, ENGINE_WORKERS={workers}",
+                    rss / 2**20,
+                    "MiB",
+                    "Piper's server",
+                    psutil.Process(piper.child.proc.pid).memory_info().rss / 2**20,
+                    rss / psutil.Process(piper.child.proc.pid).memory_info().rss,
+                    goal="<= 1.0x",
+                )
+            )
     ours_rss = psutil.Process(p.proc.pid).memory_info().rss
     piper_rss = psutil.Process(piper.child.proc.pid).memory_info().rss
     res.rows += [

@@ -233,6 +233,15 @@ class Settings(BaseSettings):
         description="Intra-op threads, or auto: the container's CPU quota (cgroup), not the host's cores, "
         "which would oversubscribe a small pod on a large node.",
     )
+    engine_workers: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Engine calls run at once, workers: each has a copy of the engine of its own (its memory "
+        "again) and CPU_THREADS / ENGINE_WORKERS intra-op threads. Default: one, the engine's calls "
+        "serialized, until the bench (bench piper) has chosen otherwise; a GPU runs one graph at a time "
+        "and batches instead.",
+    )
     warmup_text: str = Field(
         "Warming up the voice.",
         min_length=1,
@@ -622,6 +631,10 @@ class Settings(BaseSettings):
     def threads(self) -> int:
         return container_cpus() if self.cpu_threads == "auto" else self.cpu_threads
 
+    def worker_threads(self) -> int:
+        """Each engine worker's share of CPU_THREADS, at least one."""
+        return max(1, self.threads() // self.engine_workers)
+
 
 # The order and titles of docs/settings.md; every field of Settings is in exactly one group
 # (tests/unit/test_config.py).
@@ -637,7 +650,16 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "fetch_recovery_s",
         "s3_read_timeout_s",
     ),
-    "Engine": ("engine", "device", "dtype", "compile", "gpu_memory_fraction", "cpu_threads", "warmup_text"),
+    "Engine": (
+        "engine",
+        "device",
+        "dtype",
+        "compile",
+        "gpu_memory_fraction",
+        "cpu_threads",
+        "engine_workers",
+        "warmup_text",
+    ),
     "Request limits": (
         "max_text_chars",
         "max_batch_items",

@@ -265,7 +265,7 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
         for phase, (t0, t1) in done.phases_ns.items():
             _span(phase, t0, t1)
             metrics.COLD_START_SECONDS.labels(phase).set((t1 - t0) / 1e9)
-        service.mark_ready(done.engine)
+        service.mark_ready(done.engine, done.more_engines)
         total = process_age_s()
         metrics.COLD_START_SECONDS.labels("total").set(total)
     log.info(

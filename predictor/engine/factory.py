@@ -27,7 +27,7 @@ def create(settings: Settings) -> Engine:
         return TorchEngine(
             device=settings.device,
             dtype=settings.dtype,
-            threads=settings.threads(),
+            threads=settings.worker_threads(),
             gpu_memory_fraction=settings.gpu_memory_cap or 0.0,
             compile=settings.compile,
         )
@@ -36,5 +36,5 @@ def create(settings: Settings) -> Engine:
 
         if settings.dtype != "fp32" or settings.compile:
             raise EngineError("DTYPE and COMPILE apply to ENGINE=torch only")
-        return OnnxEngine(device=settings.device, threads=settings.threads())
+        return OnnxEngine(device=settings.device, threads=settings.worker_threads())
     raise EngineError(f"unknown engine {settings.engine!r}")

@@ -1,4 +1,5 @@
-"""A bounded queue in front of the engine, drained by the one thread that owns the engine.
+"""A bounded queue in front of the engine, drained by the threads that own its copies (ENGINE_WORKERS:
+one by default, each with a copy of the engine of its own and its share of CPU_THREADS).
 
 Requests are admitted or refused at once: when MAX_QUEUE requests already wait, the next gets
 Overloaded (503 + Retry-After over REST, UNAVAILABLE over gRPC) instead of a place in an unbounded
@@ -40,6 +41,15 @@ RunBatch = Callable[[Sequence[str], SynthesisParams], list[np.ndarray]]
 RunStream = Callable[[str, SynthesisParams], Iterator[tuple[np.ndarray, bool]]]
 RunAligned = Callable[[list[str], SynthesisParams], list[tuple[np.ndarray, list[Word]]]]
 OnPiece = Callable[[np.ndarray, bool], None]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """What one engine thread runs: the calls of its own copy of the engine."""
+
+    run_batch: RunBatch
+    run_stream: RunStream | None = None
+    run_aligned: RunAligned | None = None
 
 
 @dataclass(eq=False)
@@ -98,10 +108,13 @@ class Batcher:
         trim_when_idle: bool = True,
         run_stream: RunStream | None = None,
         run_aligned: RunAligned | None = None,
+        more_workers: Sequence[Worker] = (),
     ):
-        self._run_batch = run_batch
+        # Every worker can run every kind of job: the first one's calls say which kinds there are.
+        self._workers = [Worker(run_batch, run_stream, run_aligned), *more_workers]
         self._run_stream = run_stream
         self._run_aligned = run_aligned
+        self._busy = 0  # workers running a job: an idle trim waits until none is
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
         self._max_queue = max_queue
@@ -111,8 +124,14 @@ class Batcher:
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._job_seconds = 1.0  # moving average of engine time per call: sizes Retry-After
-        self._thread = threading.Thread(target=self._serve, name="engine", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(
+                target=self._serve, args=(w,), name=f"engine-{n}" if n else "engine", daemon=True
+            )
+            for n, w in enumerate(self._workers)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def trim_when_idle(self) -> None:
         """Every request has been answered: once its queue is empty, the engine thread gives the
@@ -199,38 +218,45 @@ class Batcher:
             metrics.REJECTED.labels("cancelled").inc()
 
     # --- the engine thread -----------------------------------------------------------------
-    def _serve(self) -> None:
+    def _serve(self, worker: Worker) -> None:
         while True:
             batch = self._next_batch()
-            texts = [t for job in batch for t in job.texts]
-            metrics.BATCH_SIZE.observe(len(texts))
-            start = time.monotonic()
-            if batch[0].on_piece is not None:
-                self._stream(batch[0], start)
-                continue
             try:
-                if batch[0].aligned:
-                    assert self._run_aligned is not None  # submit checked
-                    audio: list[Any] = self._run_aligned(texts, batch[0].params)
-                else:
-                    audio = self._run_batch(texts, batch[0].params)
-            except BaseException as exc:  # the engine's error belongs to the requests that ran
-                for job in batch:
-                    job.resolve(error=exc)
-                continue
-            elapsed = time.monotonic() - start
-            self._job_seconds = 0.8 * self._job_seconds + 0.2 * elapsed
-            offset = 0
-            for job in batch:
-                job.resolve(result=(audio[offset : offset + len(job.texts)], elapsed))
-                offset += len(job.texts)
-            del audio, batch  # this thread's references: an idle trim must find them freed
+                self._run(worker, batch)
+            finally:
+                del batch  # this thread's references: an idle trim must find them freed
+                with self._cond:
+                    self._busy -= 1
 
-    def _stream(self, job: _Job, start: float) -> None:
-        assert self._run_stream is not None and job.on_piece is not None
+    def _run(self, worker: Worker, batch: list[_Job]) -> None:
+        texts = [t for job in batch for t in job.texts]
+        metrics.BATCH_SIZE.observe(len(texts))
+        start = time.monotonic()
+        if batch[0].on_piece is not None:
+            self._stream(worker, batch[0], start)
+            return
+        try:
+            if batch[0].aligned:
+                assert worker.run_aligned is not None  # submit checked
+                audio: list[Any] = worker.run_aligned(texts, batch[0].params)
+            else:
+                audio = worker.run_batch(texts, batch[0].params)
+        except BaseException as exc:  # the engine's error belongs to the requests that ran
+            for job in batch:
+                job.resolve(error=exc)
+            return
+        elapsed = time.monotonic() - start
+        self._job_seconds = 0.8 * self._job_seconds + 0.2 * elapsed
+        offset = 0
+        for job in batch:
+            job.resolve(result=(audio[offset : offset + len(job.texts)], elapsed))
+            offset += len(job.texts)
+
+    def _stream(self, worker: Worker, job: _Job, start: float) -> None:
+        assert worker.run_stream is not None and job.on_piece is not None
         on_piece = job.on_piece
         try:
-            for audio, last in self._run_stream(job.texts[0], job.params):
+            for audio, last in worker.run_stream(job.texts[0], job.params):
                 if not _post(job.loop, on_piece, audio, last):
                     break  # the server stopped: nobody is left to hand the rest to
                 if job.future.cancelled():  # the caller went away: stop before the next window
@@ -274,7 +300,7 @@ class Batcher:
         """The oldest live job; expired and abandoned ones are resolved or skipped on the way."""
         while True:
             while not self._queue:
-                if self._trim_due:
+                if self._trim_due and self._busy == 0:
                     self._trim_due = False
                     # Outside the lock: a request arriving meanwhile is queued, and waits for the
                     # trim (milliseconds) rather than for the lock.
@@ -288,6 +314,7 @@ class Batcher:
             job = self._queue.popleft()
             metrics.QUEUE_DEPTH.set(len(self._queue))
             if self._admit(job):
+                self._busy += 1
                 return job
 
     def _admit(self, job: _Job) -> bool:

@@ -53,6 +53,7 @@ class ColdStart:
     manifest: Manifest
     report: FetchReport
     phases_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # phase -> (start, end), epoch ns
+    more_engines: list[Engine] = field(default_factory=list)  # the other workers' copies (ENGINE_WORKERS)
 
 
 def begin(settings: Settings) -> Future:
@@ -141,7 +142,20 @@ def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> Co
     eng: Engine = engine.result()
     _timed(phases, "load", lambda: eng.load(settings.model_dir))
     _timed(phases, "warmup", lambda: eng.warmup(settings.warmup_text))
-    return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases)
+    more = [_copy(settings) for _ in range(settings.engine_workers - 1)]
+    if more:
+        phases["more_workers"] = (phases["warmup"][1], time.time_ns())
+    return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases, more_engines=more)
+
+
+def _copy(settings: Settings) -> Engine:
+    """Another worker's copy of the engine, loaded and warmed from the files the first one verified."""
+    from predictor.engine.factory import create
+
+    copy = create(settings)
+    copy.load(settings.model_dir)
+    copy.warmup(settings.warmup_text)
+    return copy
 
 
 def abandon() -> None:

@@ -153,6 +153,12 @@ class _Joined:
         self.spoken = True
         return self.joiner.push(audio)
 
+    def unspoken(self, segment: str) -> None:
+        """A segment the engine read as nothing: its words are zero-length points where it stands, as
+        a word espeak-ng does not speak is within a segment (engine/words.py)."""
+        if self.words is not None:
+            self.words += [Word(w, self._end, self._end) for w in segment.split()]
+
     def finish(self) -> np.ndarray:
         return self.joiner.finish()
 
@@ -199,9 +205,14 @@ async def _spoken(
         said: list[list[Word]] | list[None]
         # The request's later calls are not refused or dropped once its first has run (Batcher.submit).
         if aligned:
-            result, said = await service.synthesize_aligned(texts, piece.params, True, following)
+            result, said = await service.synthesize_aligned(
+                texts, piece.params, partial=True, following=following
+            )
         else:
-            result, said = await service.synthesize(texts, piece.params, True, following), [None] * len(texts)
+            result, said = (
+                await service.synthesize(texts, piece.params, partial=True, following=following),
+                [None] * len(texts),
+            )
         following = True
         for j, ((owner, segment), audio, words) in enumerate(zip(group, result.audio, said, strict=True)):
             seconds = result.engine_seconds if j == 0 else 0.0
@@ -232,6 +243,7 @@ async def whole(
             yield joined.silence(spoken.piece.samples)
             continue
         if spoken.audio is None:
+            joined.unspoken(spoken.piece.text)
             continue
         first = not joined.spoken
         audio = joined.segment(spoken.audio, spoken.words)
@@ -297,7 +309,9 @@ async def synthesize_prepared(
         into = joined[spoken.text]
         if isinstance(spoken.piece, Silence):
             parts[spoken.text].append(into.silence(spoken.piece.samples))
-        elif spoken.audio is not None:
+        elif spoken.audio is None:
+            into.unspoken(spoken.piece.text)
+        else:
             parts[spoken.text].append(into.segment(spoken.audio, spoken.words))
     for i, into in enumerate(joined):
         if not into.spoken:

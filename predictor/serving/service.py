@@ -32,7 +32,7 @@ from predictor.engine.base import Engine, StreamWindows, SynthesisParams
 from predictor.engine.words import Word
 from predictor.errors import BadRequest, NothingToSpeak, NotReady, PayloadTooLarge
 from predictor.observability import metrics, tracing
-from predictor.serving.batcher import Batcher
+from predictor.serving.batcher import Batcher, Worker
 from predictor.serving.limits import check_count, check_length
 from predictor.shadow import recorder as records
 
@@ -88,13 +88,24 @@ class TTSService:
     def ready(self) -> bool:
         return self._ready and not self._draining
 
-    def mark_ready(self, engine: Engine) -> None:
+    def mark_ready(self, engine: Engine, more_engines: Sequence[Engine] = ()) -> None:
+        """Serve from ``engine`` (and, one worker each, ``more_engines``: copies of it, ENGINE_WORKERS)."""
         settings = self.settings
         sizes = StreamWindows(settings.stream_first_window_frames, settings.stream_window_frames)
+
+        def worker(e: Engine) -> Worker:
+            return Worker(
+                e.synthesize_checked,
+                run_stream=lambda text, params: e.stream_checked(text, params, sizes),
+                run_aligned=e.align_checked,
+            )
+
+        first = worker(engine)
         self._batcher = Batcher(
-            engine.synthesize_checked,
-            run_stream=lambda text, params: engine.stream_checked(text, params, sizes),
-            run_aligned=engine.align_checked,
+            first.run_batch,
+            run_stream=first.run_stream,
+            run_aligned=first.run_aligned,
+            more_workers=[worker(e) for e in more_engines],
             max_batch_size=settings.batch_size,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,

@@ -266,3 +266,30 @@ def test_a_stream_asking_for_words_is_refused_naming_model_infer(default_predict
 
     assert len(results) == 1 and isinstance(results[0], Exception)
     assert "output 'words' (word timestamps) needs ModelInfer" in str(results[0])
+
+
+# --- engine workers (ENGINE_WORKERS; that two calls run at once: tests/unit/test_core.py) ---------
+def test_two_engine_workers_answer_concurrent_requests_with_the_audio_one_worker_gives(
+    start_predictor, default_predictor
+):
+    from concurrent.futures import ThreadPoolExecutor
+
+    two = start_predictor(ENGINE="auto", ENGINE_WORKERS="2")
+    texts = [f"Request number {n} of four, sent at once." for n in range(1, 5)]
+    alone = [
+        audio_of(default_predictor.post("/v2/models/tts/infer", json=v2_request(t, seed=SEED)).json())
+        for t in texts
+    ]
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(
+            pool.map(lambda t: two.post("/v2/models/tts/infer", json=v2_request(t, seed=SEED)), texts)
+        )
+
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    for text, answer, expected in zip(texts, answers, alone, strict=True):
+        audio = audio_of(answer.json())
+        # Each worker's onnxruntime has one intra-op thread where the one worker has two: the same
+        # graph and noise, summed in another order.
+        assert len(audio) == len(expected), text
+        assert np.abs(audio - expected).max() <= 1e-4, text

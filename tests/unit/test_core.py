@@ -23,10 +23,12 @@ from prometheus_client import REGISTRY
 from predictor.api.handlers import predictor_error_response
 from predictor.config import Settings
 from predictor.engine.base import Engine, SynthesisParams
+from predictor.engine.words import Word
 from predictor.errors import BadRequest, EngineError, NotReady, Overloaded
 
 # The predictor imports, in one place (the issue-10 restructure rewrites these paths).
-from predictor.serving.batcher import Batcher
+from predictor.serving import pipeline
+from predictor.serving.batcher import Batcher, Worker
 from predictor.serving.service import TTSService
 
 T = TypeVar("T")
@@ -462,6 +464,68 @@ def test_drain_waits_for_admitted_work_and_refuses_new_requests() -> None:
     assert engine.texts_seen == ["Running.", "Queued, admitted."]
 
 
+def test_two_engine_workers_run_two_calls_at_once_and_the_drain_waits_for_both() -> None:
+    first, second = FakeEngine(), FakeEngine()
+    service = TTSService(Settings(max_batch_size=1, max_batch_delay_ms=0.0, max_queue=8, engine_workers=2))
+    service.mark_ready(first, [second])
+    first.hold()
+    second.hold()
+
+    async def main() -> tuple[bool, list[int], list[Any]]:
+        running = [asyncio.ensure_future(service.synthesize([f"Worker {n}."], QUIET)) for n in (1, 2)]
+        await until(lambda: len(first.calls) == len(second.calls) == 1, "one call on each worker")
+        queued = asyncio.ensure_future(service.synthesize(["Waits for a worker."], QUIET))
+        draining = asyncio.ensure_future(service.drain(HANG_GUARD_S))
+        await asyncio.sleep(0.05)
+        assert not draining.done(), "drain returned with two calls in flight"
+        in_engines = [len(first.calls), len(second.calls)]
+        first.release()
+        second.release()
+        finished = await draining
+        return finished, in_engines, [*(await asyncio.gather(*running)), await queued]
+
+    finished, in_engines, answers = run(main)
+
+    assert in_engines == [1, 1], "the third call waited: both workers were busy"
+    assert finished is True
+    assert sorted(first.texts_seen + second.texts_seen) == sorted(
+        ["Worker 1.", "Worker 2.", "Waits for a worker."]
+    )
+    assert [len(a.audio[0]) for a in answers] == [
+        FakeEngine.samples_for(t) for t in ("Worker 1.", "Worker 2.", "Waits for a worker.")
+    ]
+
+
+def test_an_engine_error_on_one_worker_fails_its_call_only_and_both_workers_keep_serving() -> None:
+    first, second = FakeEngine(), FakeEngine()
+    batcher = Batcher(
+        first.synthesize,
+        max_batch_size=1,
+        max_delay_s=0.0,
+        max_queue=8,
+        timeout_s=30.0,
+        more_workers=[Worker(second.synthesize)],
+    )
+    first.fail_with(RuntimeError("worker one broke"))
+
+    async def main() -> list[Any]:
+        broken = await asyncio.gather(
+            *(batcher.submit([f"Call {n}."], QUIET) for n in range(4)), return_exceptions=True
+        )
+        first.fail_with(None)
+        after = await asyncio.gather(*(batcher.submit([f"After {n}."], QUIET) for n in range(4)))
+        return [*broken, *after]
+
+    outcomes = run(main)
+
+    failed = [o for o in outcomes[:4] if isinstance(o, RuntimeError)]
+    # Exactly the calls worker one ran while broken failed; worker two's succeeded.
+    assert len(failed) == sum(texts[0].startswith("Call") for texts, _ in first.calls)
+    assert all(str(o) == "worker one broke" for o in failed)
+    assert all(not isinstance(o, BaseException) for o in outcomes[4:])
+    assert len(first.texts_seen) + len(second.texts_seen) == 8
+
+
 def test_drain_reports_work_still_running_at_its_timeout() -> None:
     engine = FakeEngine()
     service = make_service(engine)
@@ -650,3 +714,35 @@ def test_an_admitted_request_checks_its_voice_once_however_many_engine_calls_it_
 
     assert admitted == 1, f"the admitted request checked its voice {admitted} times"
     assert direct == 2
+
+
+# --- the pipeline's word times (serving/pipeline.py) -------------------------------------------
+class AlignedFake(FakeEngine):
+    """FakeEngine that also says when each word is spoken: one after another, its letters' samples."""
+
+    def align_checked(
+        self, texts: Sequence[str], params: SynthesisParams
+    ) -> list[tuple[np.ndarray, list[Word]]]:
+        out = []
+        for text, audio in zip(texts, self.synthesize(texts, params), strict=True):
+            said, at = [], 0
+            for w in text.split():
+                n = self.samples_for(w)
+                said.append(Word(w, at, at + n))
+                at += n
+            out.append((audio, said))
+        return out
+
+
+def test_a_segment_with_nothing_to_speak_keeps_its_words_as_points_where_it_stands() -> None:
+    service = make_service(AlignedFake(), crossfade_ms=0.0)
+    pieces = [[pipeline.Segment(t, QUIET) for t in ("Hello there.", "?!", "Bye now.")]]
+
+    result = run(lambda: pipeline.synthesize_prepared(service, pieces, 0.0, timestamps=True))
+
+    assert result.words is not None
+    (words,) = result.words
+    hello = FakeEngine.samples_for("Hello there.")
+    assert [w.word for w in words] == ["Hello", "there.", "?!", "Bye", "now."]
+    assert (words[2].start, words[2].end) == (hello, hello)  # a point, between the two sides
+    assert words[3].start == hello and words[-1].end == len(result.audio[0])
