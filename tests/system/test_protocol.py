@@ -15,6 +15,7 @@ import tritonclient.http as triton_http
 
 from testing.audio import check_encoded, check_samples
 from testing.bodies import audio_of, cloudevent_headers, v1_request, v2_grpc_request, v2_request
+from testing.streams import stream_one
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 QUIET = {"noise_scale": 0.0, "noise_w": 0.0}
@@ -329,13 +330,7 @@ def test_bad_ssml_over_v2_is_400_naming_the_problem_before_any_engine_call(
 
 
 def test_an_ssml_text_over_model_stream_infer_streams_the_audio_v2_answers_whole(predictor):
-    results: list = []
-    client = triton_grpc.InferenceServerClient(predictor.grpc)
-    client.start_stream(callback=lambda result, error: results.append(error or result))
-    text = triton_grpc.InferInput("text", [1], "BYTES")
-    text.set_data_from_numpy(np.array([SSML_DOCUMENT.encode()], dtype=object))
-    client.async_stream_infer("tts", [text], parameters={"ssml": True, "noise_scale": 0.0, "noise_w": 0.0})
-    client.stop_stream()
+    results = stream_one(predictor.grpc, SSML_DOCUMENT, parameters={"ssml": True, **QUIET})
     whole = predictor.post("/v2/models/tts/infer", json=v2_request(SSML_DOCUMENT, ssml=True, **QUIET)).json()
 
     assert results and not any(isinstance(r, Exception) for r in results), results[:1]

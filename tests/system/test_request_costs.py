@@ -19,6 +19,7 @@ from testing.load import largest_bodies
 from testing.polling import wait_until
 from testing.predictor import PredictorProcess
 from testing.probes import probes_from_another_process
+from testing.streams import stream_one
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 # One sentence of 268 characters: one segment, so one engine call that holds the engine for a second
@@ -52,14 +53,7 @@ def _grpc_infer(p: PredictorProcess, text: str) -> None:
 
 
 def _grpc_stream(p: PredictorProcess, text: str) -> list:
-    client = triton_grpc.InferenceServerClient(p.grpc)
-    results: list = []
-    client.start_stream(callback=lambda result, error: results.append(error or result))
-    inp = triton_grpc.InferInput("text", [1], "BYTES")
-    inp.set_data_from_numpy(np.array([text.encode()], dtype=object))
-    client.async_stream_infer("tts", [inp])
-    client.stop_stream()
-    return results
+    return stream_one(p.grpc, text)
 
 
 ROUTES = {

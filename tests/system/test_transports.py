@@ -18,6 +18,7 @@ import tritonclient.http as triton_http
 from predictor.audio import codecs
 from predictor.shadow import recorder as recording
 from testing.bodies import audio_of, cloudevent_headers, speech_request, v1_request, v2_request
+from testing.streams import stream_one
 
 # Two sentences, so two segments joined by the crossfade; the default engine's own noise, seeded.
 TEXT = "Every transport speaks alike. The same seed gives the same samples, 42 times over."
@@ -54,15 +55,7 @@ def _pcm16(audio: np.ndarray) -> np.ndarray:
 
 
 def _stream_infer(target: str, parameters: dict, request_id: str) -> np.ndarray:
-    results: list = []
-    client = triton_grpc.InferenceServerClient(target)
-    client.start_stream(
-        callback=lambda result, error: results.append(error or result), headers={"x-request-id": request_id}
-    )
-    text = triton_grpc.InferInput("text", [1], "BYTES")
-    text.set_data_from_numpy(np.array([TEXT.encode()], dtype=object))
-    client.async_stream_infer("tts", [text], parameters=parameters, request_id="only")
-    client.stop_stream()
+    results = stream_one(target, TEXT, {"x-request-id": request_id}, parameters=parameters, request_id="only")
     assert results and not any(isinstance(r, Exception) for r in results), results[:1]
     return np.concatenate([r.as_numpy("audio")[0] for r in results])
 
@@ -256,13 +249,7 @@ def test_a_cloudevent_asking_for_timestamps_it_cannot_get_is_400_naming_why(defa
 
 
 def test_a_stream_asking_for_words_is_refused_naming_model_infer(default_predictor):
-    results: list = []
-    client = triton_grpc.InferenceServerClient(default_predictor.grpc)
-    client.start_stream(callback=lambda result, error: results.append(error or result))
-    text = triton_grpc.InferInput("text", [1], "BYTES")
-    text.set_data_from_numpy(np.array([TEXT.encode()], dtype=object))
-    client.async_stream_infer("tts", [text], outputs=[triton_grpc.InferRequestedOutput("words")])
-    client.stop_stream()
+    results = stream_one(default_predictor.grpc, TEXT, outputs=[triton_grpc.InferRequestedOutput("words")])
 
     assert len(results) == 1 and isinstance(results[0], Exception)
     assert "output 'words' (word timestamps) needs ModelInfer" in str(results[0])
