@@ -269,7 +269,7 @@ async def windows(
         if not text.has_pronounceable(piece.text):
             continue
         starts_segment = True
-        async for audio, _last in service.stream(piece.text, piece.params, following):
+        async for audio, _last in service.stream(piece.text, piece.params, following=following):
             following = True
             out = joiner.push_piece(audio, starts_segment)
             starts_segment = False

@@ -393,10 +393,10 @@ _BROKEN = textwrap.dedent(
     _stream = service.TTSService.stream
 
 
-    async def stream(self, text, params):
+    async def stream(self, text, params, **kwargs):
         if "BOOM" in text:
             raise RuntimeError("deliberately broken for a test")
-        async for piece in _stream(self, text, params):
+        async for piece in _stream(self, text, params, **kwargs):
             yield piece
 
 
@@ -446,6 +446,8 @@ def test_unexpected_error_on_other_routes_is_a_well_formed_500(broken_predictor,
 
     assert response.status_code == 500
     assert set(response.json()) == {"error"}
+    # The deliberate error's own, not one of the wrapper's calling (a TypeError would be a 500 too).
+    assert "RuntimeError" in response.json()["error"], response.text
     assert response.headers["x-request-id"]
 
 
