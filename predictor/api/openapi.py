@@ -20,10 +20,11 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from predictor.api.speech import STREAM_FORMATS, TIMESTAMPS, SpeechRequest
+from predictor.api.speech import STREAM_FORMATS, SpeechRequest
 from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SEED_LIMIT, SynthesisParams
+from predictor.engine.words import TIMESTAMPS
 
 PATH = "/v2/openapi.json"
 

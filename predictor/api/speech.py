@@ -40,7 +40,7 @@ from predictor.api.handlers import validation_problems
 from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SEED_LIMIT, SynthesisParams
-from predictor.engine.words import Word, in_seconds
+from predictor.engine.words import TIMESTAMPS, Word, in_seconds
 from predictor.errors import BadRequest
 from predictor.observability import metrics
 from predictor.serving import pipeline
@@ -84,7 +84,6 @@ class SpeechRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=SEED_LIMIT - 1)
 
 
-TIMESTAMPS = ("word",)
 JSON_MEDIA_TYPE = "application/json"
 
 

@@ -44,6 +44,10 @@ class Word:
     end: int
 
 
+# The kinds of timestamps a request may ask for, on every transport.
+TIMESTAMPS = ("word",)
+
+
 def in_seconds(words: Sequence[Word], sample_rate: int) -> list[dict[str, object]]:
     """Words with their start and end in seconds (to 0.1 ms), as every transport answers them."""
     return [

@@ -45,7 +45,7 @@ from predictor import text as text_prep
 from predictor.audio import codecs
 from predictor.config import Settings
 from predictor.engine.base import SEED_LIMIT, SynthesisParams
-from predictor.engine.words import in_seconds
+from predictor.engine.words import TIMESTAMPS, in_seconds
 from predictor.errors import BadRequest, Forbidden, ReplyTooLarge
 from predictor.events.outputs import (
     Completion,
@@ -66,7 +66,6 @@ STRUCTURED = "application/cloudevents+json"
 DEFAULT_FORMAT = "wav"
 # Data fields that are not synthesis parameters; everything else goes through parse_params.
 _EVENT_FIELDS = ("text", "format", "output", "ssml", "timestamps")
-TIMESTAMPS = ("word",)
 # Namespace of reply ids (uuid5 of the request's event key): any fixed UUID would do.
 _REPLY_IDS = uuid.UUID("5b0c2f0e-8a0b-4f57-9a43-3f4c4e6f1d2a")
 

@@ -112,8 +112,6 @@ class Batcher:
     ):
         # Every worker can run every kind of job: the first one's calls say which kinds there are.
         self._workers = [Worker(run_batch, run_stream, run_aligned), *more_workers]
-        self._run_stream = run_stream
-        self._run_aligned = run_aligned
         self._busy = 0  # workers running a job: an idle trim waits until none is
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
@@ -161,9 +159,10 @@ class Batcher:
         queues at the back as any call does, but is never refused for a full queue nor dropped for its
         wait, since refusing it would throw away the engine time the request already had.
         """
-        if on_piece is not None and (self._run_stream is None or len(texts) != 1):
+        kinds = self._workers[0]
+        if on_piece is not None and (kinds.run_stream is None or len(texts) != 1):
             raise ValueError("a streamed request needs run_stream and exactly one text")
-        if aligned and (self._run_aligned is None or on_piece is not None):
+        if aligned and (kinds.run_aligned is None or on_piece is not None):
             raise ValueError("an aligned request needs run_aligned, and is not streamed")
         loop = asyncio.get_running_loop()
         with self._cond:

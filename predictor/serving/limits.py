@@ -30,6 +30,11 @@ def check_count(n: int, max_items: int) -> None:
         raise BadRequest(f"{n} texts in one request; the limit is MAX_BATCH_ITEMS={max_items}")
 
 
+def check_blank(i: int, text: str) -> None:
+    if not text.strip():
+        raise BadRequest(f"text[{i}] is empty or whitespace only")
+
+
 def check_length(i: int, chars: int, max_chars: int) -> None:
     if chars > max_chars:
         raise BadRequest(f"text[{i}] has {chars} characters; the limit is MAX_TEXT_CHARS={max_chars}")

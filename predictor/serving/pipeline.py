@@ -30,7 +30,8 @@ from predictor.config import Settings
 from predictor.engine import noise
 from predictor.engine.base import SynthesisParams
 from predictor.engine.words import Word
-from predictor.errors import BadRequest, NothingToSpeak
+from predictor.errors import NothingToSpeak
+from predictor.serving.limits import check_blank
 from predictor.serving.offload import off_loop
 from predictor.serving.service import SynthesisResult, TTSService
 
@@ -94,8 +95,7 @@ def prepare_request(
     """Every text's pieces, numbered through the request, and checked (``check``) before any engine call."""
     prepared, first = [], 0
     for i, source in enumerate(texts):
-        if not source.strip():
-            raise BadRequest(f"text[{i}] is empty or whitespace only")
+        check_blank(i, source)
         pieces = prepare(source, params, settings.max_segment_chars, service.sample_rate, markup, first)
         first += sum(isinstance(p, Segment) for p in pieces)
         prepared.append(pieces)
@@ -121,7 +121,9 @@ def check(
 
 
 def _item(params: SynthesisParams, n: int) -> SynthesisParams:
-    """``params`` for the request's segment ``n``: its seed that of item n of a call seeded with it."""
+    """``params`` for item ``n`` of a call made with them: its seed that item's (engine/noise.py). The
+    request's segment n gets the request's params so; segment j after a call's first has its first's
+    params so, which is how a call knows its segments are consecutive."""
     if params.seed is None:
         return params
     return dataclasses.replace(params, seed=noise.sentence_seed(params.seed, n, 0))
@@ -158,6 +160,15 @@ class _Joined:
         a word espeak-ng does not speak is within a segment (engine/words.py)."""
         if self.words is not None:
             self.words += [Word(w, self._end, self._end) for w in segment.split()]
+
+    def take(self, spoken: _Spoken) -> np.ndarray | None:
+        """One piece of this text: the audio that is final now (None for a segment read as nothing)."""
+        if isinstance(spoken.piece, Silence):
+            return self.silence(spoken.piece.samples)
+        if spoken.audio is None:
+            self.unspoken(spoken.piece.text)
+            return None
+        return self.segment(spoken.audio, spoken.words)
 
     def finish(self) -> np.ndarray:
         return self.joiner.finish()
@@ -196,7 +207,7 @@ async def _spoken(
             if not (
                 isinstance(after, Segment)
                 and text.has_pronounceable(after.text)
-                and after.params == _next(piece.params, len(group))
+                and after.params == _item(piece.params, len(group))
             ):
                 break
             group.append(pieces[i + len(group)])
@@ -219,14 +230,6 @@ async def _spoken(
             yield _Spoken(owner, segment, audio if len(audio) else None, words, seconds)
 
 
-def _next(first: SynthesisParams, j: int) -> SynthesisParams:
-    """The parameters of the segment j after one with ``first`` in the same span: the same, its seed
-    (if any) that of item j of a call seeded as ``first``."""
-    if first.seed is None:
-        return first
-    return dataclasses.replace(first, seed=first.seed + j * noise.ITEM_STRIDE)
-
-
 async def whole(
     service: TTSService,
     pieces: list[Piece],
@@ -239,15 +242,11 @@ async def whole(
     appended, in samples of the joined audio, before its piece is yielded (engine/words.py)."""
     joined = _Joined(service.sample_rate, crossfade_ms, words)
     async for spoken in _spoken(service, [(0, p) for p in pieces], aligned=words is not None):
-        if isinstance(spoken.piece, Silence):
-            yield joined.silence(spoken.piece.samples)
-            continue
-        if spoken.audio is None:
-            joined.unspoken(spoken.piece.text)
-            continue
         first = not joined.spoken
-        audio = joined.segment(spoken.audio, spoken.words)
-        if first and on_first is not None:
+        audio = joined.take(spoken)
+        if audio is None:
+            continue
+        if first and joined.spoken and on_first is not None:
             on_first()
         yield audio
     if not joined.spoken:
@@ -306,13 +305,9 @@ async def synthesize_prepared(
     flat = [(t, p) for t, pieces in enumerate(prepared) for p in pieces]
     async for spoken in _spoken(service, flat, aligned=timestamps):
         spent += spoken.engine_seconds
-        into = joined[spoken.text]
-        if isinstance(spoken.piece, Silence):
-            parts[spoken.text].append(into.silence(spoken.piece.samples))
-        elif spoken.audio is None:
-            into.unspoken(spoken.piece.text)
-        else:
-            parts[spoken.text].append(into.segment(spoken.audio, spoken.words))
+        audio = joined[spoken.text].take(spoken)
+        if audio is not None:
+            parts[spoken.text].append(audio)
     for i, into in enumerate(joined):
         if not into.spoken:
             raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")

@@ -33,7 +33,7 @@ from predictor.engine.words import Word
 from predictor.errors import BadRequest, NothingToSpeak, NotReady, PayloadTooLarge
 from predictor.observability import metrics, tracing
 from predictor.serving.batcher import Batcher, Worker
-from predictor.serving.limits import check_count, check_length
+from predictor.serving.limits import check_blank, check_count, check_length
 from predictor.shadow import recorder as records
 
 log = logging.getLogger("predictor.service")
@@ -207,8 +207,7 @@ class TTSService:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise BadRequest(f"text[{i}] must be a string")
-            if not text.strip():
-                raise BadRequest(f"text[{i}] is empty or whitespace only")
+            check_blank(i, text)
             check_length(i, len(text), self.settings.max_text_chars)
             if not text_prep.has_pronounceable(text):
                 raise NothingToSpeak(f"text[{i}] has nothing to speak (no phonemes)")
