@@ -59,9 +59,25 @@ TEXTS = {
     ),
 }
 CONCURRENCY = (4, 8)
-# ENGINE_WORKERS values whose throughput is measured (BENCH_PIPER_WORKERS, comma-separated): the
-# table that chooses the default.
-WORKERS = tuple(int(w) for w in os.environ.get("BENCH_PIPER_WORKERS", "1,2").split(","))
+# The CPU parallelism whose throughput is measured (BENCH_PIPER_WORKERS, comma-separated): W for
+# ENGINE_WORKERS=W with the settings' own split of the CPUs, WxT for W workers of T intra-op threads
+# each (CPU_THREADS=W*T); the table that chooses the default.
+WORKERS = tuple(os.environ.get("BENCH_PIPER_WORKERS", "1,2").split(","))
+
+
+def _parallelism(spec: str) -> dict[str, str]:
+    """The predictor's environment for one BENCH_PIPER_WORKERS entry."""
+    workers, _, threads = spec.partition("x")
+    env = {"ENGINE_WORKERS": str(int(workers))}
+    if threads:
+        env["CPU_THREADS"] = str(int(workers) * int(threads))
+    return env
+
+
+def _label(spec: str) -> str:
+    return ", ".join(f"{k}={v}" for k, v in _parallelism(spec).items())
+
+
 LOAD_REQUESTS = 24  # per level: medium sentences and three-sentence texts, alternating
 FIRST_AUDIO_GOAL = 0.3  # of our whole response, for texts of 25 characters and more
 WHOLE_GOAL = 0.95  # ours / Piper's
@@ -213,11 +229,11 @@ def run(session: Session) -> SuiteResult:
             details[name] = {"ours_s": ours, "piper_s": theirs, "first_s": firsts}
     # The CPU parallelism to choose from: one predictor per ENGINE_WORKERS value, each loaded only now
     # (idle while the others are measured), all against the same Piper server.
-    ours = {1: p}
+    ours = {"1": p}
     for workers in WORKERS:
         if workers not in ours:
             ours[workers] = Predictor(
-                session, session.path(f"model-piper-ours-{workers}"), ENGINE_WORKERS=str(workers)
+                session, session.path(f"model-piper-ours-{workers}"), **_parallelism(workers)
             )
             ours[workers].wait_ready(600)
     for clients in CONCURRENCY:
@@ -232,7 +248,7 @@ def run(session: Session) -> SuiteResult:
             res.rows += [
                 Row(
                     "piper",
-                    f"throughput, {clients} clients, ENGINE_WORKERS={workers}",
+                    f"throughput, {clients} clients, {_label(workers)}",
                     ours_rps,
                     "req/s",
                     "Piper's server",
@@ -244,7 +260,7 @@ def run(session: Session) -> SuiteResult:
                 ),
                 Row(
                     "piper",
-                    f"p99, {clients} clients, ENGINE_WORKERS={workers}",
+                    f"p99, {clients} clients, {_label(workers)}",
                     percentile(ours_lat, 99) * 1e3,
                     "ms",
                     "Piper's p99",
@@ -256,12 +272,12 @@ def run(session: Session) -> SuiteResult:
             ]
             details[f"load_{clients}_workers_{workers}"] = {"ours_s": ours_lat, "piper_s": piper_lat}
     for workers in WORKERS:
-        if workers != 1:
+        if workers != "1":
             rss = psutil.Process(ours[workers].proc.pid).memory_info().rss
             res.rows.append(
                 Row(
                     "piper",
-                    f"resident memory after the run, ENGINE_WORKERS={workers}",
+                    f"resident memory after the run, {_label(workers)}",
                     rss / 2**20,
                     "MiB",
                     "Piper's server",

@@ -7,16 +7,21 @@ from pathlib import Path
 
 
 def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> Path:
-    """A copy of ``voice_dir`` whose encoder.onnx draws its noise inside (RandomNormalLike, no
-    ``noise`` input) and gives out no ``durations``: what publish wrote before either existed. Made
-    by undoing the rewrites on the current encoder, so the test does not lean on the code it tests."""
+    """A copy of ``voice_dir`` as publish wrote it before the flow was cut off and before the noise
+    input and durations output: encoder.onnx (prior and flow in one part) drawing its noise inside
+    (RandomNormalLike, no ``noise`` input) and giving out no ``durations``, beside decoder.onnx; no
+    prior.onnx or flow.onnx. Made by undoing the rewrites on the encoder split_onnx cuts, so the test
+    does not lean on the rewrites it tests."""
     import onnx
     from onnx import helper
 
-    from predictor.engine.voice_files import DURATIONS_NAME, ENCODER_ONNX, NOISE_NAME
+    from predictor.engine.exported_graph import split_onnx
+    from predictor.engine.voice_files import DURATIONS_NAME, ENCODER_ONNX, FLOW_ONNX, NOISE_NAME, PRIOR_ONNX
 
     shutil.copytree(voice_dir, out_dir)
-    encoder = onnx.load(str(out_dir / ENCODER_ONNX))
+    for part in (PRIOR_ONNX, FLOW_ONNX):
+        (out_dir / part).unlink()
+    encoder, _ = split_onnx(out_dir / "model.onnx")
     graph = encoder.graph
     producers = {o: n for n in graph.node for o in n.output}
     kept, k = [], 0

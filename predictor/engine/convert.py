@@ -29,12 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from predictor.engine.exported_graph import ConversionError, split_onnx
+from predictor.engine.exported_graph import ConversionError, split_flow, split_onnx
 from predictor.engine.vits import Vits, VitsConfig
 from predictor.engine.voice_files import (
     CONFIG_FILE,
     DECODER_ONNX,
-    ENCODER_ONNX,
+    FLOW_ONNX,
+    PRIOR_ONNX,
     WEIGHTS_FILE,
 )
 
@@ -288,13 +289,17 @@ def write_safetensors(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
 
 
 def write_onnx_split(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
-    """Write encoder.onnx and decoder.onnx (split_onnx) into out_dir; returns both paths."""
+    """Write prior.onnx, flow.onnx and decoder.onnx (split_onnx, then split_flow) into out_dir; returns
+    the three paths."""
     from predictor.storage.files import atomic_write_bytes
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    encoder, decoder = split_onnx(onnx_path)
     paths = []
-    for part, name in zip(split_onnx(onnx_path), (ENCODER_ONNX, DECODER_ONNX), strict=True):
+    for part, name in zip(
+        (*split_flow(encoder), decoder), (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX), strict=True
+    ):
         path = out_dir / name
         atomic_write_bytes(path, part.SerializeToString())
         paths.append(path)

@@ -1,10 +1,12 @@
-"""Piper/VITS voices on onnxruntime: Piper's exported graph, in two parts.
+"""Piper/VITS voices on onnxruntime: Piper's exported graph, in three parts.
 
-The artifact holds the graph split at publish (engine/exported_graph.split_onnx; file names in engine/voice_files): encoder.onnx (text encoder,
-durations, flow: phoneme ids -> latent frames) and decoder.onnx (HiFi-GAN: latent -> audio). A whole
-synthesis runs one after the other, every node once, as the whole graph would; a streamed one runs
-the decoder over frame windows (engine/windows.py). An artifact without the parts (published before
-they existed) is split in memory at load.
+The artifact holds the graph split at publish (engine/exported_graph.split_onnx and split_flow; file
+names in engine/voice_files): prior.onnx (text encoder, durations, the prior's sample: phoneme ids ->
+z_p), flow.onnx (z_p -> latent frames) and decoder.onnx (HiFi-GAN: latent -> audio). A whole
+synthesis runs them one after the other, every node once, as the whole graph would; a streamed one
+runs the flow in two pieces and the decoder over frame windows (engine/windows.py), so its first audio
+waits for the prior and only the first window's share of the flow and decoder. An artifact without
+the parts (published before they existed) is split in memory at load.
 
 Piper's export takes a padded batch but returns the padded tail as noise, and does not expose
 per-item durations, so items are run one sentence at a time; the native torch engine batches.
@@ -25,8 +27,12 @@ from predictor.engine.voice_files import (
     DECODER_ONNX,
     DURATIONS_NAME,
     ENCODER_ONNX,
+    FLOW_ONNX,
     LATENT_NAME,
+    MASK_NAME,
     NOISE_NAME,
+    PRIOR_NAME,
+    PRIOR_ONNX,
     read_config,
 )
 from predictor.engine.words import Sentence
@@ -63,18 +69,20 @@ class OnnxEngine(PiperEngine):
         # One request at a time runs through the graph; parallelism lives inside each operator.
         self._options.inter_op_num_threads = 1
         if device == "cpu":
-            # No spinning: the voice runs as two sessions (encoder, decoder), each with its own intra-op
+            # No spinning: the voice runs as three sessions (prior, flow, decoder), each with its own intra-op
             # pool, and a pool that spins after its run holds the CPUs the next one needs (and the event
             # loop's). The engine alone in a process on 2 CPUs, medians of 7 on bench/piper.py's texts
             # (docs/benchmarks.md, "Against Piper's own server"): 26 characters 135-148 ms spinning vs
             # 89-92 ms not; ten sentences 1535-1851 vs 1169-1251 ms; one 345-character sentence the same.
             self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._encoder: onnxruntime.InferenceSession | None = None
+        self._prior: onnxruntime.InferenceSession | None = None
+        self._flow: onnxruntime.InferenceSession | None = None
         self._decoder: onnxruntime.InferenceSession | None = None
         # A feed too short for a sentence fails noise/1/Reshape, which _encode retries: not worth a log line.
         self._quiet_run = onnxruntime.RunOptions()
         self._quiet_run.log_severity_level = 4
         self._context = 0
+        self._flow_context = 0
         self._hop = 1
         self._channels = 0
         phonemes.prepare()
@@ -82,43 +90,44 @@ class OnnxEngine(PiperEngine):
     def load(self, model_dir: Path) -> None:
         self._read_voice(model_dir)
         try:
-            if (model_dir / ENCODER_ONNX).exists() and (model_dir / DECODER_ONNX).exists():
-                parts: list[str | bytes] = [str(model_dir / ENCODER_ONNX), str(model_dir / DECODER_ONNX)]
-                config = read_config(model_dir)
-            else:
-                # Published before the split existed: publish's conversion, run here in memory.
-                from predictor.engine.exported_graph import split_onnx
+            parts = self._parts(model_dir)
+            config = read_config(model_dir) if (model_dir / CONFIG_FILE).exists() else None
+            if config is None:
+                # Published before vits.json: reading the receptive fields off the graph needs torch.
+                from predictor.engine.convert import infer_config
 
-                encoder, decoder = split_onnx(model_dir / "model.onnx")
-                parts = [encoder.SerializeToString(), decoder.SerializeToString()]
-                if (model_dir / CONFIG_FILE).exists():
-                    config = read_config(model_dir)
-                else:
-                    # Older still (no vits.json): reading the receptive field off the graph needs torch.
-                    from predictor.engine.convert import infer_config
-
-                    config = infer_config(model_dir / "model.onnx")
-            self._encoder, self._decoder = (
+                config = infer_config(model_dir / "model.onnx")
+            self._prior, self._flow, self._decoder = (
                 onnxruntime.InferenceSession(part, sess_options=self._options, providers=self._providers)
                 for part in parts
             )
-            has_noise = any(i.name == NOISE_NAME for i in self._encoder.get_inputs())
-            if not has_noise or not any(o.name == DURATIONS_NAME for o in self._encoder.get_outputs()):
-                # Split before its noise became an input or its durations an output: publish's
-                # rewrite, run here in memory.
-                import onnx
-
-                from predictor.engine.exported_graph import prepare_encoder
-
-                encoder = prepare_encoder(onnx.load(str(model_dir / ENCODER_ONNX)))
-                self._encoder = onnxruntime.InferenceSession(
-                    encoder.SerializeToString(), sess_options=self._options, providers=self._providers
-                )
         except Exception as exc:  # onnxruntime and onnx raise their own untyped errors
             raise EngineError(f"cannot load the onnx voice from {model_dir}: {exc}") from exc
         self._context = windows.decoder_context_frames(config)
+        self._flow_context = windows.flow_context_frames(config)
         self._hop = config.hop_length
         self._channels = config.inter_channels
+
+    @staticmethod
+    def _parts(model_dir: Path) -> list[str | bytes]:
+        """prior, flow and decoder: their files, or what publish would have written, made in memory
+        from what an older artifact holds (onnx alone, no torch)."""
+        if all((model_dir / name).exists() for name in (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX)):
+            return [str(model_dir / name) for name in (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX)]
+        import onnx
+
+        from predictor.engine.exported_graph import prepare_encoder, split_flow, split_onnx
+
+        if (model_dir / ENCODER_ONNX).exists() and (model_dir / DECODER_ONNX).exists():
+            # Split before the flow was cut off, maybe before the noise input and durations output.
+            encoder = prepare_encoder(onnx.load(str(model_dir / ENCODER_ONNX)))
+            decoder: str | bytes = str(model_dir / DECODER_ONNX)
+        else:
+            # Published before any split: publish's conversion of model.onnx.
+            encoder, whole_decoder = split_onnx(model_dir / "model.onnx")
+            decoder = whole_decoder.SerializeToString()
+        prior, flow = split_flow(encoder)
+        return [prior.SerializeToString(), flow.SerializeToString(), decoder]
 
     @property
     def hop_length(self) -> int:
@@ -151,8 +160,8 @@ class OnnxEngine(PiperEngine):
         for item, text in enumerate(texts):
             pieces, sentences = [], []
             for k, ids in enumerate(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map)):
-                latent, frames = self._encode(ids, scales, speaker, _seed(params, item, k))
-                pieces.append(self._decode(latent))
+                prior, mask, frames = self._encode(ids, scales, speaker, _seed(params, item, k))
+                pieces.append(self._decode(self._run_flow(prior, mask)))
                 sentences.append(Sentence(ids, frames))
             out.append((np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32), sentences))
         return out
@@ -167,18 +176,27 @@ class OnnxEngine(PiperEngine):
         if not sentences:
             yield np.zeros(0, dtype=np.float32), True
         for k, ids in enumerate(sentences):
-            latent, _ = self._encode(ids, scales, speaker, _seed(params, 0, k))
-            plan = windows.plan(latent.shape[-1], sizes.first_frames, sizes.frames, self._context)
+            prior, _, _ = self._encode(ids, scales, speaker, _seed(params, 0, k))
+            n_frames = prior.shape[-1]
+            plan = windows.plan(n_frames, sizes.first_frames, sizes.frames, self._context)
+            pieces = iter(windows.flow_plan(n_frames, plan[0].context_end, self._flow_context))
+            latent = np.empty_like(prior)  # [1, inter, F], filled piece by piece
+            flowed = 0  # frames of latent computed so far
             for n, w in enumerate(plan):
+                while flowed < w.context_end:
+                    piece = next(pieces)
+                    window = prior[:, :, piece.context_start : piece.context_end]
+                    latent[:, :, piece.start : piece.end] = self._run_flow(window)[:, :, piece.keep(1)]
+                    flowed = piece.end
                 audio = self._decode(latent[:, :, w.context_start : w.context_end])
                 yield audio[w.keep(self._hop)], k == len(sentences) - 1 and n == len(plan) - 1
 
     def _encode(
         self, ids: list[int], scales: np.ndarray, speaker: int | None, seed: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Phoneme ids -> latent frames [1, inter, F] and the frames of each id [T] (summing to F), the
-        noise drawn from ``seed`` (engine/noise.py)."""
-        assert self._encoder is not None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Phoneme ids -> the prior's sample z_p [1, inter, F], its frame mask [1, 1, F] and the frames
+        of each id [T] (summing to F), the noise drawn from ``seed`` (engine/noise.py)."""
+        assert self._prior is not None
         t = len(ids)
         feeds = {
             "input": np.asarray([ids], dtype=np.int64),  # [1, T]
@@ -194,12 +212,23 @@ class OnnxEngine(PiperEngine):
                 2 * t + self._channels * frames, dtype=np.float32
             )
             try:
-                latent, durations = self._encoder.run(None, feeds, self._quiet_run)
-                return latent, durations.reshape(-1).astype(np.int64)
+                prior, mask, durations = self._prior.run(
+                    [PRIOR_NAME, MASK_NAME, DURATIONS_NAME], feeds, self._quiet_run
+                )
+                return prior, mask, durations.reshape(-1).astype(np.int64)
             except onnxruntime.capi.onnxruntime_pybind11_state.Fail as exc:
                 if f"{NOISE_NAME}/1/Reshape" not in str(exc):
                     raise
                 frames *= 4
+
+    def _run_flow(self, prior: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """The prior's sample [1, inter, F] -> latent [1, inter, F]. A piece of one sentence is all
+        frames, so its mask is ones."""
+        assert self._flow is not None
+        if mask is None:
+            mask = np.ones((1, 1, prior.shape[-1]), dtype=np.float32)
+        feeds = {PRIOR_NAME: np.ascontiguousarray(prior), MASK_NAME: mask}
+        return self._flow.run([LATENT_NAME], feeds)[0]
 
     def _decode(self, latent: np.ndarray) -> np.ndarray:
         """Latent frames [1, inter, F] -> audio [F * hop] float32 in [-1, 1]."""

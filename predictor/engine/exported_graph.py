@@ -1,13 +1,16 @@
 """Rewrites of Piper's exported ONNX graph that the onnx engine runs, with onnx alone (no torch, so the
 CPU image can apply them to an artifact published before they existed):
 
-  * ``split_onnx``: cut at the generator's input into encoder.onnx (phoneme ids -> latent frames)
+  * ``split_onnx``: cut at the generator's input into an encoder (phoneme ids -> latent frames)
     and decoder.onnx (latent -> audio), so a stream can decode the latent in windows;
+  * ``split_flow``: cut the encoder again at the flow's input into prior.onnx (phoneme ids -> the
+    prior's sample z_p, the frame mask and the durations) and flow.onnx (z_p -> latent), so a stream
+    can run the flow in pieces too (engine/windows.py);
   * ``feed_noise``: the encoder's RandomNormalLike nodes read from an input (engine/noise.py), so a
     seed means the same audio on either engine;
   * ``expose_durations``: the encoder gives out each phoneme id's frames (word timestamps).
 
-Publish applies all three (engine/convert.write_onnx_split); engine/exported.py applies what an
+Publish applies all of them (engine/convert.write_onnx_split); engine/exported.py applies what an
 older artifact lacks, in memory, at load.
 """
 
@@ -15,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from predictor.engine.voice_files import DURATIONS_NAME, LATENT_NAME, NOISE_NAME
+from predictor.engine.voice_files import DURATIONS_NAME, LATENT_NAME, MASK_NAME, NOISE_NAME, PRIOR_NAME
 
 _DECODER_FIRST_NODE = "/dec/conv_pre/Conv"
+_FLOW_SCOPE = "/flow/"  # the export names the ResidualCouplingBlock's nodes after its module path
 _DURATIONS_NODE = "/Ceil"  # w_ceil = ceil(exp(logw) * x_mask * length_scale): frames per phoneme id
 
 
@@ -58,6 +62,72 @@ def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
     encoder.graph.output[0].name = LATENT_NAME
     decoder.graph.input[0].name = LATENT_NAME
     return prepare_encoder(encoder), decoder
+
+
+def split_flow(encoder: Any) -> tuple[Any, Any]:
+    """The encoder (split_onnx's first part) -> (prior, flow) ModelProtos, cut at the flow's input.
+
+    The prior keeps the encoder's inputs and gives out ``prior`` (z_p = m_p + noise * exp(logs_p) *
+    noise_scale, [1, inter, F]), ``frame_mask`` [1, 1, F] and ``durations``; the flow takes ``prior``
+    and ``frame_mask`` and gives out ``latent`` as the encoder did. Found by structure, not by the
+    export's tensor names: z_p is what the first flow node reads, and the flow's nodes are those on a
+    path from z_p to the latent (some of them unnamed); the one tensor they read from outside that is
+    not a constant must be the mask. Both parts together run every node of the encoder once.
+    """
+    import onnx.utils
+
+    graph = encoder.graph
+    first = next((n for n in graph.node if n.name.startswith(_FLOW_SCOPE)), None)
+    if first is None or not any(o.name == LATENT_NAME for o in graph.output):
+        raise ConversionError(f"no {_FLOW_SCOPE} nodes or no {LATENT_NAME} output: not a Piper VITS encoder")
+    prior = first.input[0]
+    producers = {o: n for n in graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    after: set[str] = set()  # nodes fed, at any distance, by z_p
+    pending = [prior]
+    while pending:
+        for node in consumers.get(pending.pop(), []):
+            if node.name not in after:
+                after.add(node.name)
+                pending.extend(node.output)
+    before: set[str] = set()  # nodes the latent depends on
+    pending = [LATENT_NAME]
+    while pending:
+        node = producers.get(pending.pop())
+        if node is not None and node.name not in before:
+            before.add(node.name)
+            pending.extend(node.input)
+    flow = [n for n in graph.node if n.name in after and n.name in before]
+    made = {o for n in flow for o in n.output}
+    constants = {i.name for i in graph.initializer}
+    outside = {
+        name
+        for node in flow
+        for name in node.input
+        if name
+        and name != prior
+        and name not in made
+        and name not in constants
+        and (name not in producers or producers[name].op_type != "Constant")
+    }
+    if len(outside) != 1:
+        raise ConversionError(f"the flow reads {sorted(outside)} besides z_p, not just the frame mask")
+    (mask,) = outside
+    extractor = onnx.utils.Extractor(encoder)
+    inputs = [i.name for i in graph.input]
+    first_part = extractor.extract_model(inputs, [prior, mask, DURATIONS_NAME])
+    second_part = extractor.extract_model([prior, mask], [LATENT_NAME])
+    renames = {prior: PRIOR_NAME, mask: MASK_NAME}
+    for part in (first_part, second_part):
+        for node in part.graph.node:
+            node.input[:] = [renames.get(i, i) for i in node.input]
+            node.output[:] = [renames.get(o, o) for o in node.output]
+        for value in [*part.graph.input, *part.graph.output]:
+            value.name = renames.get(value.name, value.name)
+    return first_part, second_part
 
 
 def prepare_encoder(encoder: Any) -> Any:

@@ -19,13 +19,19 @@ if TYPE_CHECKING:  # the onnxruntime engine reads the names and the config here 
 
 CONFIG_FILE = "vits.json"
 WEIGHTS_FILE = "model.safetensors"
-# Piper's graph cut at the generator's input: text -> latent (encoder, durations, flow) and
-# latent -> audio (the HiFi-GAN generator), for chunked decoding.
-ENCODER_ONNX = "encoder.onnx"
+# Piper's graph cut in three, so a stream can run the flow and the decoder in pieces: text -> the
+# prior's sample (text encoder, durations, prior), that sample -> latent (the flow), latent -> audio
+# (the HiFi-GAN generator).
+PRIOR_ONNX = "prior.onnx"
+FLOW_ONNX = "flow.onnx"
 DECODER_ONNX = "decoder.onnx"
-LATENT_NAME = "latent"  # the cut tensor's name in both parts
-DURATIONS_NAME = "durations"  # the encoder's second output: ceiled frames per phoneme id [1, 1, T]
-NOISE_NAME = "noise"  # the encoder's noise input (engine/noise.py): [N] float32, read as a prefix
+# What publish wrote before the flow was cut off: prior and flow in one part (split at load).
+ENCODER_ONNX = "encoder.onnx"
+PRIOR_NAME = "prior"  # z_p [1, inter, F]: the prior's output, the flow's input
+MASK_NAME = "frame_mask"  # [1, 1, F] float, ones for one sentence: the prior's output, the flow's input
+LATENT_NAME = "latent"  # the flow's output, the decoder's input [1, inter, F]
+DURATIONS_NAME = "durations"  # the prior's third output: ceiled frames per phoneme id [1, 1, T]
+NOISE_NAME = "noise"  # the prior's noise input (engine/noise.py): [N] float32, read as a prefix
 
 
 def read_config(model_dir: str | Path) -> VitsConfig:

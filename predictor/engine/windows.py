@@ -1,11 +1,13 @@
-"""Decoding a latent in frame windows that join into exactly the whole decode.
+"""Running the flow and decoding a latent in frame windows that join into exactly the whole run.
 
 The HiFi-GAN generator is a stack of convolutions over time, so each output sample depends only on
 latent frames within a fixed distance: its receptive field. A window of frames decoded together with
 that many frames of context on each side (fewer at the ends of the latent, where the whole decode sees
 zero padding too) therefore gives the same samples as the whole decode over the window's own frames;
-only those samples (frames x hop_length) are kept. The context is computed from the voice's
-hyperparameters (vits.json), never assumed.
+only those samples (frames x hop_length) are kept. The flow (coupling layers of WaveNet convolutions,
+flips of channels, nothing across the whole of time) is the same kind of stack, from the prior's
+sample to the latent, so it runs in pieces the same way (flow_plan). The contexts are computed from
+the voice's hyperparameters (vits.json), never assumed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,19 @@ def decoder_context_frames(config: VitsConfig) -> int:
     return math.ceil(frames) + 1
 
 
+def flow_context_frames(config: VitsConfig) -> int:
+    """Frames on each side that a latent frame of the flow can depend on in its input (rounded up).
+
+    Each coupling layer changes half of the channels from the other half through its WaveNet: 1x1
+    convolutions around flow_n_layers dilated convolutions, the i-th reaching (k - 1) / 2 * rate**i
+    frames; the layers run one after the other, so their reaches add. One frame more, as for the
+    decoder.
+    """
+    radius = (config.flow_kernel_size - 1) // 2
+    per_layer = sum(radius * config.flow_dilation_rate**i for i in range(config.flow_n_layers))
+    return config.flow_n_flows * per_layer + 1
+
+
 @dataclass(frozen=True)
 class Window:
     """Decode frames [context_start, context_end); keep frames [start, end) of the result."""
@@ -73,4 +88,20 @@ def plan(n_frames: int, first_frames: int, window_frames: int, context: int) -> 
         del bounds[-2]
     return [
         Window(a, b, max(0, a - context), min(n_frames, b + context)) for a, b in itertools.pairwise(bounds)
+    ]
+
+
+def flow_plan(n_frames: int, first_end: int, context: int) -> list[Window]:
+    """Pieces of the flow over [0, n_frames): [0, first_end), what the first decoder window reads,
+    then the rest in one run, each with the flow's context. Two pieces, not one a decoder window: the
+    first audio waits only for the first, and the rest pays the context once. A rest shorter than
+    three contexts runs in the first piece: the two pieces would redo twice the context (a third of
+    a short sentence's flow) to bring its first audio forward by less than that."""
+    if n_frames <= 0:
+        return []
+    if n_frames - first_end < 3 * context:
+        return [Window(0, n_frames, 0, n_frames)]
+    return [
+        Window(0, first_end, 0, first_end + context),
+        Window(first_end, n_frames, max(0, first_end - context), n_frames),
     ]

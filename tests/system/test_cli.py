@@ -41,8 +41,8 @@ def test_fetch_for_one_engine_skips_the_other_engines_weights(s3_server, tmp_pat
     fetched = cli("fetch", "s3://cli-voices/joe-onnx", str(tmp_path / "model"), "--engine", "onnx", env=env)
 
     assert fetched.returncode == 0, fetched.stderr
-    assert "5 downloaded" in fetched.stdout  # config, card, vits.json and the graph's two parts
-    assert (tmp_path / "model" / "encoder.onnx").exists() and (tmp_path / "model" / "decoder.onnx").exists()
+    assert "6 downloaded" in fetched.stdout  # config, card, vits.json and the graph's three parts
+    assert all((tmp_path / "model" / f"{part}.onnx").exists() for part in ("prior", "flow", "decoder"))
     assert not (tmp_path / "model" / "model.safetensors").exists()
     assert not (tmp_path / "model" / "model.onnx").exists()  # Piper's whole graph: no engine of ours reads it
 

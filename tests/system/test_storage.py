@@ -30,7 +30,8 @@ VOICE_FILES = {
     "MODEL_CARD",
     "model.safetensors",
     "vits.json",
-    "encoder.onnx",
+    "prior.onnx",
+    "flow.onnx",
     "decoder.onnx",
 }
 
@@ -208,7 +209,11 @@ def test_fetch_from_s3_verifies_every_file(published_voice: str, s3_env: str, tm
     assert {f.path for f in manifest.files} == VOICE_FILES
     for f in manifest.files:
         assert sha256(models / f.path) == f.sha256
-    assert (report.files_total, report.files_downloaded, report.files_skipped) == (7, 7, 0)
+    assert (report.files_total, report.files_downloaded, report.files_skipped) == (
+        len(VOICE_FILES),
+        len(VOICE_FILES),
+        0,
+    )
     assert report.bytes_downloaded == sum(seen) == manifest.total_bytes
     assert Manifest.load(models / MANIFEST) == manifest
     assert leftovers(models) == []
@@ -220,7 +225,11 @@ def test_restart_skips_verified_files(published_voice: str, s3_env: str, tmp_pat
 
     _, report = fetch(published_voice, models)
 
-    assert (report.files_skipped, report.files_downloaded, report.bytes_downloaded) == (7, 0, 0)
+    assert (report.files_skipped, report.files_downloaded, report.bytes_downloaded) == (
+        len(VOICE_FILES),
+        0,
+        0,
+    )
 
 
 def test_restart_in_the_same_pod_needs_no_network(
@@ -233,7 +242,7 @@ def test_restart_in_the_same_pod_needs_no_network(
     manifest, report = fetch(published_voice, models)
 
     assert manifest.name == "en_US-joe-medium"
-    assert (report.files_skipped, report.bytes_downloaded) == (7, 0)
+    assert (report.files_skipped, report.bytes_downloaded) == (len(VOICE_FILES), 0)
 
 
 def test_engine_filter_fetches_only_that_engines_files(published_voice: str, s3_env: str, tmp_path: Path):
@@ -244,7 +253,10 @@ def test_engine_filter_fetches_only_that_engines_files(published_voice: str, s3_
     assert report.files_downloaded == 4
     assert (models / "model.safetensors").exists() and not (models / "model.onnx").exists()
     _, again = fetch(published_voice, models, engine="onnx")  # a restart with another engine
-    assert (again.files_downloaded, again.files_skipped) == (2, 3)
+    assert (again.files_downloaded, again.files_skipped) == (
+        3,
+        3,
+    )  # the graph's three parts; config, card and vits.json kept
 
 
 def test_another_uri_is_fetched_even_if_files_match(published_voice: str, s3_env: str, tmp_path: Path):
@@ -262,7 +274,7 @@ def test_restart_without_markers_rehashes_and_skips(published_voice: str, s3_env
 
     _, report = fetch(published_voice, models)
 
-    assert (report.files_skipped, report.bytes_downloaded) == (7, 0)
+    assert (report.files_skipped, report.bytes_downloaded) == (len(VOICE_FILES), 0)
     assert (models / VERIFIED_DIR / "model.onnx.sha256").exists()
 
 
@@ -277,7 +289,7 @@ def test_locally_modified_file_is_downloaded_again(published_voice: str, s3_env:
 
     _, report = fetch(published_voice, models)
 
-    assert (report.files_downloaded, report.files_skipped) == (2, 5)
+    assert (report.files_downloaded, report.files_skipped) == (2, len(VOICE_FILES) - 2)
     expected = {f.path: f.sha256 for f in manifest.files}
     assert sha256(config) == expected["config.json"]
     assert sha256(models / "MODEL_CARD") == expected["MODEL_CARD"]

@@ -110,6 +110,48 @@ def test_context_shorter_than_the_receptive_field_breaks_the_join(torch_engine):
     assert float((joined(context - 5) - whole).abs().max()) > 1e-4
 
 
+def test_a_flow_context_shorter_than_its_receptive_field_breaks_the_join(onnx_engine):
+    voice = onnx_engine.voice
+    ids = next(iter(phonemes.sentence_ids(SENTENCES[4], voice.espeak_voice, voice.phoneme_id_map)))
+    prior, mask, _ = onnx_engine._encode(ids, onnx_engine._scales(SynthesisParams()), None, seed=7)
+    whole = onnx_engine._run_flow(prior, mask)
+
+    def joined(context: int) -> np.ndarray:
+        pieces = windows.flow_plan(prior.shape[-1], 30, context)
+        assert len(pieces) == 2
+        return np.concatenate(
+            [
+                onnx_engine._run_flow(prior[:, :, p.context_start : p.context_end])[:, :, p.keep(1)]
+                for p in pieces
+            ],
+            axis=-1,
+        )
+
+    context = onnx_engine._flow_context  # windows.flow_context_frames of the voice (tested below)
+    assert np.abs(joined(context) - whole).max() <= 1e-4
+    # The reach of the last couplings' far taps is small (the join is within 1e-4 from about 24
+    # frames on); half the context is well inside what the flow reads.
+    assert np.abs(joined(context // 2) - whole).max() > 1e-4
+
+
+def test_an_onnx_stream_runs_the_flow_only_over_its_first_windows_frames_before_the_first_audio(
+    onnx_engine, monkeypatch
+):
+    ran: list[int] = []
+    real = onnx_engine._run_flow
+    monkeypatch.setattr(
+        onnx_engine, "_run_flow", lambda prior, mask=None: ran.append(prior.shape[-1]) or real(prior, mask)
+    )
+    stream = onnx_engine.stream(LONG_SENTENCE, SynthesisParams(seed=1), StreamWindows(24, 192))
+
+    next(stream)
+    before_first_audio = list(ran)
+    list(stream)
+
+    assert before_first_audio == [24 + onnx_engine._context + onnx_engine._flow_context]
+    assert len(ran) == 2 and ran[1] == sum(ran) - ran[0]  # the rest in one run, after the first audio
+
+
 def test_receptive_field_follows_the_voice_config(voice_dir):
     config = VitsConfig.from_dict(json.loads((voice_dir / "vits.json").read_text()))
     wider = VitsConfig.from_dict(
@@ -121,6 +163,9 @@ def test_receptive_field_follows_the_voice_config(voice_dir):
 
     assert 8 <= windows.decoder_context_frames(config) <= 20
     assert windows.decoder_context_frames(wider) > windows.decoder_context_frames(config)
+    assert windows.flow_context_frames(config) == 4 * (2 + 2 + 2 + 2) + 1  # 4 couplings, 4 k=5 convs each
+    deeper = VitsConfig.from_dict({**config.to_dict(), "flow_dilation_rate": 2})
+    assert windows.flow_context_frames(deeper) == 4 * (2 + 4 + 8 + 16) + 1
 
 
 def test_window_plan_covers_every_frame_once():
@@ -130,6 +175,15 @@ def test_window_plan_covers_every_frame_once():
         assert all(a.end == b.start for a, b in itertools.pairwise(plan))
         assert plan[0].end - plan[0].start == min(24, n)  # the first window is never merged away
         assert all(0 <= w.context_start <= w.start < w.end <= w.context_end <= n for w in plan)
+
+
+def test_flow_plan_covers_every_frame_once_and_splits_only_a_rest_longer_than_three_contexts():
+    for n in range(1, 400, 7):
+        pieces = windows.flow_plan(n, 37, 33)
+        assert pieces[0].start == 0 and pieces[-1].end == n
+        assert all(a.end == b.start for a, b in itertools.pairwise(pieces))
+        assert all(0 <= p.context_start <= p.start < p.end <= p.context_end <= n for p in pieces)
+        assert len(pieces) == (2 if n - 37 >= 3 * 33 else 1)
 
 
 @pytest.mark.parametrize(
