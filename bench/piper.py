@@ -236,6 +236,31 @@ def run(session: Session) -> SuiteResult:
                 session, session.path(f"model-piper-ours-{workers}"), **_parallelism(workers)
             )
             ours[workers].wait_ready(600)
+    with httpx.Client() as client:
+        # A lone request on each other parallelism: with a solo worker it should cost what one worker's does.
+        for workers in WORKERS:
+            if workers == "1":
+                continue
+            for name in ("one short sentence", "one medium sentence"):
+                text = TEXTS[name]
+                mine, theirs = [], []
+                for _ in range(ROUNDS):
+                    mine.append(_timed(partial(_ours, client, ours[workers], text)))
+                    theirs.append(_timed(partial(piper.synthesize, client, text)))
+                res.rows.append(
+                    Row(
+                        "piper",
+                        f"whole, {name}, {_label(workers)}",
+                        median(mine) * 1e3,
+                        "ms",
+                        "Piper's server",
+                        median(theirs) * 1e3,
+                        median(mine) / median(theirs),
+                        goal=f"<= {WHOLE_GOAL}x",
+                        met=median(mine) / median(theirs) <= WHOLE_GOAL,
+                        note="one request at a time",
+                    )
+                )
     for clients in CONCURRENCY:
         # Alternate which server goes first, so drift on the machine hits both.
         order = [(f"ours-{w}", _ours_sender(ours[w])) for w in WORKERS] + [("piper", piper.synthesize)]

@@ -238,9 +238,12 @@ class Settings(BaseSettings):
         ge=1,
         le=16,
         description="Engine calls run at once, workers: each has a copy of the engine of its own (its memory "
-        "again) and CPU_THREADS / ENGINE_WORKERS intra-op threads. Default: one, the engine's calls "
-        "serialized, until the bench (bench piper) has chosen otherwise; a GPU runs one graph at a time "
-        "and batches instead.",
+        "again) and CPU_THREADS / ENGINE_WORKERS intra-op threads; at most one worker per CPU thread. "
+        "Where that share is less than "
+        "CPU_THREADS, one copy more (the solo worker) with all of them runs a call that would run alone, "
+        "so a lone request is as fast as with one worker. Default: one, the engine's calls serialized; "
+        "the CPU manifests set 2 (bench piper: more throughput under load for the same lone-request "
+        "latency); a GPU runs one graph at a time and batches instead.",
     )
     warmup_text: str = Field(
         "Warming up the voice.",
@@ -317,8 +320,9 @@ class Settings(BaseSettings):
         ge=1,
         le=1000,
         description="Frames of a stream's first decoder window (24 = 0.28 s at 22,050 Hz): the first "
-        "audio waits for text encoder, durations, flow and this much decoding. Default: short, so the first "
-        "audio waits little; smaller windows pay their context more often.",
+        "audio waits for text encoder, durations and prior, then this much flow (onnx; torch: the whole flow) "
+        "and decoding. Default: short, so the first audio waits little; smaller windows pay their context "
+        "more often.",
     )
     stream_window_frames: int = Field(
         192,
@@ -631,9 +635,18 @@ class Settings(BaseSettings):
     def threads(self) -> int:
         return container_cpus() if self.cpu_threads == "auto" else self.cpu_threads
 
+    def workers(self) -> int:
+        """ENGINE_WORKERS, at most one per CPU thread: more would only share CPUs (a 1-CPU pod of a
+        manifest that sets 2 runs one)."""
+        return min(self.engine_workers, self.threads())
+
     def worker_threads(self) -> int:
-        """Each engine worker's share of CPU_THREADS, at least one."""
-        return max(1, self.threads() // self.engine_workers)
+        """Each engine worker's share of CPU_THREADS."""
+        return self.threads() // self.workers()
+
+    def solo_worker(self) -> bool:
+        """Whether a copy with all of CPU_THREADS runs the calls that would run alone (ENGINE_WORKERS)."""
+        return self.workers() > 1 and self.threads() > self.worker_threads()
 
 
 # The order and titles of docs/settings.md; every field of Settings is in exactly one group

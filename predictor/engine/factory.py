@@ -11,8 +11,10 @@ if TYPE_CHECKING:
     from predictor.config import Settings
 
 
-def create(settings: Settings) -> Engine:
-    """Construct the configured engine without weights (device and imports checked here, at start)."""
+def create(settings: Settings, threads: int | None = None) -> Engine:
+    """Construct the configured engine without weights (device and imports checked here, at start),
+    with ``threads`` intra-op threads (default: one worker's share, Settings.worker_threads)."""
+    threads = settings.worker_threads() if threads is None else threads
     if settings.engine_name == "torch":
         try:
             from predictor.engine.native import TorchEngine
@@ -27,7 +29,7 @@ def create(settings: Settings) -> Engine:
         return TorchEngine(
             device=settings.device,
             dtype=settings.dtype,
-            threads=settings.worker_threads(),
+            threads=threads,
             gpu_memory_fraction=settings.gpu_memory_cap or 0.0,
             compile=settings.compile,
         )
@@ -36,5 +38,5 @@ def create(settings: Settings) -> Engine:
 
         if settings.dtype != "fp32" or settings.compile:
             raise EngineError("DTYPE and COMPILE apply to ENGINE=torch only")
-        return OnnxEngine(device=settings.device, threads=settings.worker_threads())
+        return OnnxEngine(device=settings.device, threads=threads)
     raise EngineError(f"unknown engine {settings.engine!r}")

@@ -1,6 +1,11 @@
 """A bounded queue in front of the engine, drained by the threads that own its copies (ENGINE_WORKERS:
 one by default, each with a copy of the engine of its own and its share of CPU_THREADS).
 
+With several workers there can be a solo worker too: a copy with every CPU thread, which takes a call
+only when it would run alone (nothing running, nothing else queued), while the workers take calls
+only when another is running or waiting, at most as many at once as there are workers. One request at
+a time runs on all the CPUs; under load each CPU runs its own call, no CPU shared by two pools.
+
 Requests are admitted or refused at once: when MAX_QUEUE requests already wait, the next gets
 Overloaded (503 + Retry-After over REST, UNAVAILABLE over gRPC) instead of a place in an unbounded
 queue that ends in timeouts or OOM. A request still waiting after REQUEST_TIMEOUT_S is dropped before
@@ -109,10 +114,12 @@ class Batcher:
         run_stream: RunStream | None = None,
         run_aligned: RunAligned | None = None,
         more_workers: Sequence[Worker] = (),
+        solo: Worker | None = None,
     ):
         # Every worker can run every kind of job: the first one's calls say which kinds there are.
         self._workers = [Worker(run_batch, run_stream, run_aligned), *more_workers]
-        self._busy = 0  # workers running a job: an idle trim waits until none is
+        self._solo = solo
+        self._busy = 0  # workers (the solo one included) running a job: an idle trim waits until none is
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
         self._max_queue = max_queue
@@ -128,6 +135,10 @@ class Batcher:
             )
             for n, w in enumerate(self._workers)
         ]
+        if solo is not None:
+            self._threads.append(
+                threading.Thread(target=self._serve, args=(solo,), name="engine-solo", daemon=True)
+            )
         for thread in self._threads:
             thread.start()
 
@@ -138,7 +149,7 @@ class Batcher:
             return
         with self._cond:
             self._trim_due = True
-            self._cond.notify()
+            self._cond.notify_all()
 
     def submit(
         self,
@@ -183,7 +194,8 @@ class Batcher:
             )
             self._queue.append(job)
             metrics.QUEUE_DEPTH.set(len(self._queue))
-            self._cond.notify()
+            # All: which thread may take it depends on the thread (the solo one or a worker).
+            self._cond.notify_all()
         # The engine thread only checks the timeout when it reaches a job; behind a long or stuck engine
         # call that can be long after REQUEST_TIMEOUT_S, so the loop drops a job still queued by then.
         expiry = None if following else loop.call_later(self._timeout_s, self._expire, job)
@@ -197,6 +209,7 @@ class Batcher:
                 return False
             self._queue.remove(job)
             metrics.QUEUE_DEPTH.set(len(self._queue))
+            self._cond.notify_all()  # one call fewer waiting: the solo thread may take the one left
             return True
 
     def _expire(self, job: _Job) -> None:
@@ -218,14 +231,16 @@ class Batcher:
 
     # --- the engine thread -----------------------------------------------------------------
     def _serve(self, worker: Worker) -> None:
+        solo = worker is self._solo
         while True:
-            batch = self._next_batch()
+            batch = self._next_batch(solo)
             try:
                 self._run(worker, batch)
             finally:
                 del batch  # this thread's references: an idle trim must find them freed
                 with self._cond:
                     self._busy -= 1
+                    self._cond.notify_all()  # the solo thread may take the next call now
 
     def _run(self, worker: Worker, batch: list[_Job]) -> None:
         texts = [t for job in batch for t in job.texts]
@@ -268,9 +283,9 @@ class Batcher:
         self._job_seconds = 0.8 * self._job_seconds + 0.2 * elapsed
         job.resolve(result=([], elapsed))
 
-    def _next_batch(self) -> list[_Job]:
+    def _next_batch(self, solo: bool) -> list[_Job]:
         with self._cond:
-            first = self._take()
+            first = self._take(solo)
             batch, size = [first], len(first.texts)
             deadline = time.monotonic() + self._max_delay_s
             while size < self._max_batch_size and first.params.seed is None and first.on_piece is None:
@@ -295,11 +310,23 @@ class Batcher:
                 self._cond.wait(remaining)
             return batch
 
-    def _take(self) -> _Job:
+    def _may_take(self, solo: bool) -> bool:
+        """Whether this thread takes the next job now (under the lock): any thread when there is no
+        solo worker; else the solo thread a call that would run alone, the workers the others, up to
+        one running call per worker."""
+        if not self._queue:
+            return False
+        if self._solo is None:
+            return True
+        if solo:
+            return self._busy == 0 and len(self._queue) == 1
+        return self._busy < len(self._workers) and (self._busy > 0 or len(self._queue) > 1)
+
+    def _take(self, solo: bool) -> _Job:
         """The oldest live job; expired and abandoned ones are resolved or skipped on the way."""
         while True:
-            while not self._queue:
-                if self._trim_due and self._busy == 0:
+            while not self._may_take(solo):
+                if not self._queue and self._trim_due and self._busy == 0:
                     self._trim_due = False
                     # Outside the lock: a request arriving meanwhile is queued, and waits for the
                     # trim (milliseconds) rather than for the lock.
@@ -315,6 +342,7 @@ class Batcher:
             if self._admit(job):
                 self._busy += 1
                 return job
+            self._cond.notify_all()  # as in _withdraw
 
     def _admit(self, job: _Job) -> bool:
         waited = time.monotonic() - job.enqueued

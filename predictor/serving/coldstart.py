@@ -53,7 +53,9 @@ class ColdStart:
     manifest: Manifest
     report: FetchReport
     phases_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # phase -> (start, end), epoch ns
-    more_engines: list[Engine] = field(default_factory=list)  # the other workers' copies (ENGINE_WORKERS)
+    # The other workers' copies (ENGINE_WORKERS); with a solo worker (Settings.solo_worker), engine is
+    # that one and these are all the workers.
+    more_engines: list[Engine] = field(default_factory=list)
 
 
 def begin(settings: Settings) -> Future:
@@ -114,7 +116,8 @@ def _construct(settings: Settings) -> Engine:
     from predictor.errors import EngineError
 
     try:
-        return engines.create(settings)
+        # The solo worker's copy has every CPU thread; without one, this is the first worker.
+        return engines.create(settings, settings.threads() if settings.solo_worker() else None)
     except EngineError as exc:
         raise ConfigError(f"ENGINE={settings.engine_name} DEVICE={settings.device}: {exc.message}") from exc
 
@@ -142,7 +145,7 @@ def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> Co
     eng: Engine = engine.result()
     _timed(phases, "load", lambda: eng.load(settings.model_dir))
     _timed(phases, "warmup", lambda: eng.warmup(settings.warmup_text))
-    more = [_copy(settings) for _ in range(settings.engine_workers - 1)]
+    more = [_copy(settings) for _ in range(settings.workers() - (0 if settings.solo_worker() else 1))]
     if more:
         phases["more_workers"] = (phases["warmup"][1], time.time_ns())
     return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases, more_engines=more)

@@ -89,7 +89,8 @@ class TTSService:
         return self._ready and not self._draining
 
     def mark_ready(self, engine: Engine, more_engines: Sequence[Engine] = ()) -> None:
-        """Serve from ``engine`` (and, one worker each, ``more_engines``: copies of it, ENGINE_WORKERS)."""
+        """Serve from ``engine`` (and, one worker each, ``more_engines``: copies of it, ENGINE_WORKERS).
+        With a solo worker (Settings.solo_worker) ``engine`` is that one and ``more_engines`` the workers."""
         settings = self.settings
         sizes = StreamWindows(settings.stream_first_window_frames, settings.stream_window_frames)
 
@@ -100,12 +101,15 @@ class TTSService:
                 run_aligned=e.align_checked,
             )
 
-        first = worker(engine)
+        solo = worker(engine) if settings.solo_worker() and more_engines else None
+        workers = [worker(e) for e in more_engines] if solo else [worker(engine), *map(worker, more_engines)]
+        first = workers[0]
         self._batcher = Batcher(
             first.run_batch,
             run_stream=first.run_stream,
             run_aligned=first.run_aligned,
-            more_workers=[worker(e) for e in more_engines],
+            more_workers=workers[1:],
+            solo=solo,
             max_batch_size=settings.batch_size,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,

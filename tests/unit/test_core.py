@@ -466,7 +466,13 @@ def test_drain_waits_for_admitted_work_and_refuses_new_requests() -> None:
 
 def test_two_engine_workers_run_two_calls_at_once_and_the_drain_waits_for_both() -> None:
     first, second = FakeEngine(), FakeEngine()
-    service = TTSService(Settings(max_batch_size=1, max_batch_delay_ms=0.0, max_queue=8, engine_workers=2))
+    # No solo worker (one CPU thread: Settings.solo_worker is false; the solo worker is tested below):
+    # the service runs both engines it is given as workers.
+    settings = Settings(
+        max_batch_size=1, max_batch_delay_ms=0.0, max_queue=8, engine_workers=2, cpu_threads=1
+    )
+    assert not settings.solo_worker()
+    service = TTSService(settings)
     service.mark_ready(first, [second])
     first.hold()
     second.hold()
@@ -494,6 +500,60 @@ def test_two_engine_workers_run_two_calls_at_once_and_the_drain_waits_for_both()
     assert [len(a.audio[0]) for a in answers] == [
         FakeEngine.samples_for(t) for t in ("Worker 1.", "Worker 2.", "Waits for a worker.")
     ]
+
+
+def test_a_lone_call_runs_on_the_solo_worker_and_calls_that_overlap_on_the_workers_two_at_most() -> None:
+    solo, one, two = FakeEngine(), FakeEngine(), FakeEngine()
+    settings = Settings(
+        max_batch_size=1, max_batch_delay_ms=0.0, max_queue=8, engine_workers=2, cpu_threads=2
+    )
+    assert settings.solo_worker() and settings.worker_threads() == 1
+    service = TTSService(settings)
+    service.mark_ready(solo, [one, two])
+
+    def workers_seen() -> list[str]:
+        return one.texts_seen + two.texts_seen
+
+    async def main() -> dict[str, list[str]]:
+        seen: dict[str, list[str]] = {}
+        for n in range(3):  # one at a time: each finds nothing else running
+            await service.synthesize([f"Alone {n}."], QUIET)
+        seen["lone"] = list(solo.texts_seen), workers_seen()
+        for engine in (solo, one, two):
+            engine.hold()
+        a = asyncio.ensure_future(service.synthesize(["A runs alone."], QUIET))
+        await until(lambda: "A runs alone." in solo.texts_seen, "A on the solo worker")
+        b = asyncio.ensure_future(service.synthesize(["B overlaps A."], QUIET))
+        await until(lambda: "B overlaps A." in workers_seen(), "B on a worker")
+        c = asyncio.ensure_future(service.synthesize(["C waits."], QUIET))
+        await asyncio.sleep(0.1)
+        seen["while two run"] = [
+            t for e in (solo, one, two) for t in e.texts_seen if t in ("B overlaps A.", "C waits.")
+        ]
+        solo.release()
+        await a
+        # B still runs, so C is a call that overlaps another: a worker's, not the solo one's.
+        await until(lambda: "C waits." in workers_seen(), "C on a worker")
+        one.release()
+        two.release()
+        await asyncio.gather(b, c)
+        seen["solo"] = list(solo.texts_seen)
+        return seen
+
+    seen = run(main)
+
+    assert seen["lone"] == (["Alone 0.", "Alone 1.", "Alone 2."], [])
+    assert seen["while two run"] == ["B overlaps A."], "a third call started beside two running ones"
+    assert seen["solo"] == ["Alone 0.", "Alone 1.", "Alone 2.", "A runs alone."]
+
+
+def test_workers_are_at_most_one_per_cpu_thread_and_a_solo_one_exists_where_it_has_more_threads() -> None:
+    assert Settings(engine_workers=2, cpu_threads=2).solo_worker()
+    assert Settings(engine_workers=2, cpu_threads=8).worker_threads() == 4
+    one_cpu = Settings(engine_workers=2, cpu_threads=1)
+    assert (one_cpu.workers(), one_cpu.worker_threads(), one_cpu.solo_worker()) == (1, 1, False)
+    assert not Settings(engine_workers=1, cpu_threads=8).solo_worker()
+    assert Settings(engine_workers=3, cpu_threads=2).workers() == 2
 
 
 def test_an_engine_error_on_one_worker_fails_its_call_only_and_both_workers_keep_serving() -> None:
