@@ -134,7 +134,7 @@ def _rmtree(path: Path) -> None:
 class Predictor(PredictorProcess):
     """A predictor serving the session's published voice from ``model_dir``; stopped with the session."""
 
-    def __init__(self, session: Session, model_dir: Path, **env: str):
+    def __init__(self, session: Session, model_dir: Path, cwd: Path | None = None, **env: str):
         full = {
             **aws_env(session.moto),
             "VOICE_URI": session.voice,
@@ -143,7 +143,7 @@ class Predictor(PredictorProcess):
             "LOG_FORMAT": "json",
             **env,
         }
-        super().__init__(full, session.path("logs") / "predictor.log")
+        super().__init__(full, session.path("logs") / "predictor.log", **({"cwd": cwd} if cwd else {}))
         session.stack.callback(self.stop)
 
     def wait_ready(self, timeout: float = 180.0, interval: float = 0.01) -> float:

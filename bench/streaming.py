@@ -175,8 +175,8 @@ def _piper(res: SuiteResult, p: Predictor, model_dir: Path) -> None:
     )
 
 
-def _before(session: Session) -> tuple[str, dict[str, str]] | None:
-    """(voice URI, env) of the tree to compare with: its own code and its own artifact layout."""
+def _before(session: Session) -> tuple[str, Path] | None:
+    """(voice URI, checkout) of the tree to compare with: its own code and its own artifact layout."""
     tree = os.environ.get("BENCH_BEFORE_TREE", "/work/main")
     if not (Path(tree) / "predictor").is_dir():
         return None
@@ -189,7 +189,7 @@ def _before(session: Session) -> tuple[str, dict[str, str]] | None:
     )
     env = {**os.environ, **aws_env(session.moto), "PYTHONPATH": tree}
     subprocess.run([PYTHON, "-c", script], env=env, check=True, cwd=tree, capture_output=True)
-    return uri, {"PYTHONPATH": tree}
+    return uri, Path(tree)
 
 
 # Rounds of the before/after and timestamp comparisons: each is a few percent's question, so more
@@ -204,8 +204,12 @@ def _vs_before(res: SuiteResult, session: Session, engine: str, now: Predictor) 
     if before is None:
         res.notes.append("no BENCH_BEFORE_TREE: this tree vs before not measured")
         return
-    uri, env = before
-    old = Predictor(session, session.path("model"), ENGINE=engine, VOICE_URI=uri, **env)
+    uri, tree = before
+    # Run from its checkout: `python -m predictor` imports the package of its working directory first
+    # (PYTHONPATH alone ran this tree's code against the old artifact).
+    old = Predictor(
+        session, session.path("model"), cwd=tree, ENGINE=engine, VOICE_URI=uri, PYTHONPATH=str(tree)
+    )
     kinds: dict[str, Callable[[Predictor, str], float]] = {
         "whole v2": _v2,
         # The speech route takes no noise parameters (and the tree before takes no seed there): its

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -239,6 +240,22 @@ def _span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
     span.end(end_time=end_ns)
 
 
+def _add_workers(service: TTSService, settings: Settings, n: int) -> None:
+    """Make the workers' n copies of the engine after ready and hand them to the service; on an error
+    the solo worker goes on serving every call alone."""
+    start = time.time_ns()
+    try:
+        engines = [coldstart.copy(settings) for _ in range(n)]
+    except Exception:  # the engine's own load errors, untyped; serving goes on as with one worker
+        log.exception("could not make the engine workers' copies; serving on one engine")
+        return
+    service.add_workers(engines)
+    metrics.COLD_START_SECONDS.labels("more_workers").set((time.time_ns() - start) / 1e9)
+    log.info(
+        "engine workers ready", extra={"workers": n, "seconds": round((time.time_ns() - start) / 1e9, 3)}
+    )
+
+
 async def await_cold_start(service: TTSService, settings: Settings, pending: Future) -> None:
     """Wait for the cold-start pipeline, then record it (metrics, spans, one log line) and go ready.
 
@@ -265,9 +282,17 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
         for phase, (t0, t1) in done.phases_ns.items():
             _span(phase, t0, t1)
             metrics.COLD_START_SECONDS.labels(phase).set((t1 - t0) / 1e9)
-        service.mark_ready(done.engine, done.more_engines)
+        service.mark_ready(done.engine)
         total = process_age_s()
         metrics.COLD_START_SECONDS.labels("total").set(total)
+    if done.copies_later:
+        # Ready on the solo worker's copy alone: a cold start does not wait for the workers' copies.
+        threading.Thread(
+            target=_add_workers,
+            args=(service, settings, done.copies_later),
+            name="engine-copies",
+            daemon=True,
+        ).start()
     log.info(
         "model ready",
         extra={

@@ -16,7 +16,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from testing.ports import free_port
-from testing.process import Child, child_env
+from testing.process import REPO, Child, child_env
 
 SERVE = [sys.executable, "-m", "predictor", "serve"]
 
@@ -52,14 +52,17 @@ class PredictorProcess(Child):
         grpc_port: int | None = None,
         name: str = "predictor",
         user: int | None = None,
+        cwd: Path = REPO,
     ) -> None:
+        """``cwd``: the checkout whose ``predictor`` runs (``python -m`` puts it first on the path,
+        before PYTHONPATH), for a tree compared with this one."""
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.grpc = f"127.0.0.1:{self.grpc_port}"
         self.env = child_env({"HTTP_PORT": str(self.http_port), "GRPC_PORT": str(self.grpc_port), **env})
         self.client = httpx.Client(base_url=self.url, timeout=60)
-        super().__init__(name, SERVE, self.env, log_path, user=user)
+        super().__init__(name, SERVE, self.env, log_path, cwd=cwd, user=user)
 
     def get(self, path: str, timeout: float = 5.0) -> httpx.Response:
         return httpx.get(self.url + path, timeout=timeout)

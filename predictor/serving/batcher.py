@@ -142,6 +142,22 @@ class Batcher:
         for thread in self._threads:
             thread.start()
 
+    def add_workers(self, workers: Sequence[Worker]) -> None:
+        """Make the one worker so far the solo one and serve the overlapping calls on ``workers``
+        (their copies made after ready: until now the first worker ran every call)."""
+        with self._cond:
+            assert self._solo is None and len(self._workers) == 1, "workers are added once, to one"
+            self._solo = self._workers[0]
+            self._workers = list(workers)
+            threads = [
+                threading.Thread(target=self._serve, args=(w,), name=f"engine-{n + 1}", daemon=True)
+                for n, w in enumerate(workers)
+            ]
+            self._threads += threads
+            self._cond.notify_all()
+        for thread in threads:
+            thread.start()
+
     def trim_when_idle(self) -> None:
         """Every request has been answered: once its queue is empty, the engine thread gives the
         memory they freed back to the kernel (observability/memory.py says why)."""
@@ -231,9 +247,8 @@ class Batcher:
 
     # --- the engine thread -----------------------------------------------------------------
     def _serve(self, worker: Worker) -> None:
-        solo = worker is self._solo
         while True:
-            batch = self._next_batch(solo)
+            batch = self._next_batch(worker)
             try:
                 self._run(worker, batch)
             finally:
@@ -283,9 +298,9 @@ class Batcher:
         self._job_seconds = 0.8 * self._job_seconds + 0.2 * elapsed
         job.resolve(result=([], elapsed))
 
-    def _next_batch(self, solo: bool) -> list[_Job]:
+    def _next_batch(self, worker: Worker) -> list[_Job]:
         with self._cond:
-            first = self._take(solo)
+            first = self._take(worker)
             batch, size = [first], len(first.texts)
             deadline = time.monotonic() + self._max_delay_s
             while size < self._max_batch_size and first.params.seed is None and first.on_piece is None:
@@ -310,7 +325,7 @@ class Batcher:
                 self._cond.wait(remaining)
             return batch
 
-    def _may_take(self, solo: bool) -> bool:
+    def _may_take(self, worker: Worker) -> bool:
         """Whether this thread takes the next job now (under the lock): any thread when there is no
         solo worker; else the solo thread a call that would run alone, the workers the others, up to
         one running call per worker."""
@@ -318,14 +333,14 @@ class Batcher:
             return False
         if self._solo is None:
             return True
-        if solo:
+        if worker is self._solo:  # read each time: add_workers makes the first worker the solo one
             return self._busy == 0 and len(self._queue) == 1
         return self._busy < len(self._workers) and (self._busy > 0 or len(self._queue) > 1)
 
-    def _take(self, solo: bool) -> _Job:
+    def _take(self, worker: Worker) -> _Job:
         """The oldest live job; expired and abandoned ones are resolved or skipped on the way."""
         while True:
-            while not self._may_take(solo):
+            while not self._may_take(worker):
                 if not self._queue and self._trim_due and self._busy == 0:
                     self._trim_due = False
                     # Outside the lock: a request arriving meanwhile is queued, and waits for the

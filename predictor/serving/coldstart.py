@@ -53,9 +53,9 @@ class ColdStart:
     manifest: Manifest
     report: FetchReport
     phases_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # phase -> (start, end), epoch ns
-    # The other workers' copies (ENGINE_WORKERS); with a solo worker (Settings.solo_worker), engine is
-    # that one and these are all the workers.
-    more_engines: list[Engine] = field(default_factory=list)
+    # Copies of the engine the workers run (ENGINE_WORKERS), made after ready by copy(): until they
+    # are there, ``engine`` (the solo worker's copy, Settings.solo_worker) serves every call alone.
+    copies_later: int = 0
 
 
 def begin(settings: Settings) -> Future:
@@ -145,14 +145,12 @@ def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> Co
     eng: Engine = engine.result()
     _timed(phases, "load", lambda: eng.load(settings.model_dir))
     _timed(phases, "warmup", lambda: eng.warmup(settings.warmup_text))
-    more = [_copy(settings) for _ in range(settings.workers() - (0 if settings.solo_worker() else 1))]
-    if more:
-        phases["more_workers"] = (phases["warmup"][1], time.time_ns())
-    return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases, more_engines=more)
+    later = settings.workers() if settings.solo_worker() else 0
+    return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases, copies_later=later)
 
 
-def _copy(settings: Settings) -> Engine:
-    """Another worker's copy of the engine, loaded and warmed from the files the first one verified."""
+def copy(settings: Settings) -> Engine:
+    """A worker's copy of the engine, loaded and warmed from the files the first one verified."""
     from predictor.engine.factory import create
 
     copy = create(settings)

@@ -88,19 +88,20 @@ class TTSService:
     def ready(self) -> bool:
         return self._ready and not self._draining
 
+    def _worker(self, e: Engine) -> Worker:
+        sizes = StreamWindows(self.settings.stream_first_window_frames, self.settings.stream_window_frames)
+        return Worker(
+            e.synthesize_checked,
+            run_stream=lambda text, params: e.stream_checked(text, params, sizes),
+            run_aligned=e.align_checked,
+        )
+
     def mark_ready(self, engine: Engine, more_engines: Sequence[Engine] = ()) -> None:
         """Serve from ``engine`` (and, one worker each, ``more_engines``: copies of it, ENGINE_WORKERS).
-        With a solo worker (Settings.solo_worker) ``engine`` is that one and ``more_engines`` the workers."""
+        With a solo worker (Settings.solo_worker) ``engine`` is that one and ``more_engines`` the workers;
+        given none yet, it serves every call until add_workers."""
         settings = self.settings
-        sizes = StreamWindows(settings.stream_first_window_frames, settings.stream_window_frames)
-
-        def worker(e: Engine) -> Worker:
-            return Worker(
-                e.synthesize_checked,
-                run_stream=lambda text, params: e.stream_checked(text, params, sizes),
-                run_aligned=e.align_checked,
-            )
-
+        worker = self._worker
         solo = worker(engine) if settings.solo_worker() and more_engines else None
         workers = [worker(e) for e in more_engines] if solo else [worker(engine), *map(worker, more_engines)]
         first = workers[0]
@@ -119,6 +120,12 @@ class TTSService:
         self.engine = engine
         self._ready = True
         metrics.READY.set(1)
+
+    def add_workers(self, engines: Sequence[Engine]) -> None:
+        """The workers' copies, made after ready (any thread): from now on ``engine`` is the solo
+        worker and these run the calls that overlap."""
+        assert self._batcher is not None, "add_workers before mark_ready"
+        self._batcher.add_workers([self._worker(e) for e in engines])
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new requests, wait for admitted ones; True if they all finished in time.

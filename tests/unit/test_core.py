@@ -547,6 +547,35 @@ def test_a_lone_call_runs_on_the_solo_worker_and_calls_that_overlap_on_the_worke
     assert seen["solo"] == ["Alone 0.", "Alone 1.", "Alone 2.", "A runs alone."]
 
 
+def test_workers_added_after_ready_take_the_calls_that_overlap_and_the_first_engine_becomes_the_solo_one() -> (
+    None
+):
+    first, one, two = FakeEngine(), FakeEngine(), FakeEngine()
+    settings = Settings(
+        max_batch_size=1, max_batch_delay_ms=0.0, max_queue=8, engine_workers=2, cpu_threads=2
+    )
+    service = TTSService(settings)
+    service.mark_ready(first)  # as a cold start does: ready before the workers' copies exist
+
+    async def main() -> tuple[list[str], list[str], list[str]]:
+        running = await plug(first, lambda: service.synthesize(["Before the workers."], QUIET))
+        waiting = asyncio.ensure_future(service.synthesize(["Waits for an engine."], QUIET))
+        await asyncio.sleep(0.05)
+        before = list(first.texts_seen)
+        service.add_workers([one, two])
+        await until(lambda: "Waits for an engine." in one.texts_seen + two.texts_seen, "a worker took it")
+        first.release()
+        await asyncio.gather(running, waiting)
+        await service.synthesize(["Alone again."], QUIET)
+        return before, first.texts_seen, one.texts_seen + two.texts_seen
+
+    before, on_first, on_workers = run(main)
+
+    assert before == ["Before the workers."], "one engine so far: the second call waited for it"
+    assert on_workers == ["Waits for an engine."]
+    assert on_first == ["Before the workers.", "Alone again."], "the first engine became the solo one"
+
+
 def test_workers_are_at_most_one_per_cpu_thread_and_a_solo_one_exists_where_it_has_more_threads() -> None:
     assert Settings(engine_workers=2, cpu_threads=2).solo_worker()
     assert Settings(engine_workers=2, cpu_threads=8).worker_threads() == 4
