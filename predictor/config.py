@@ -319,7 +319,8 @@ class Settings(BaseSettings):
         24,
         ge=1,
         le=1000,
-        description="Frames of a stream's first decoder window (24 = 0.28 s at 22,050 Hz): the first "
+        description="Frames of a stream's first decoder window (24 = 0.28 s at 22,050 Hz; the first sentence's: "
+        "a later sentence starts while the earlier ones play, with a STREAM_WINDOW_FRAMES window): the first "
         "audio waits for text encoder, durations and prior, then this much flow (onnx; torch: the whole flow) "
         "and decoding. Default: short, so the first audio waits little; smaller windows pay their context "
         "more often.",

@@ -97,6 +97,12 @@ class StreamWindows:
     first_frames: int
     frames: int
 
+    def first_of(self, sentence: int) -> int:
+        """The first window of the stream's sentence number ``sentence``: short for the first
+        sentence only, which sets the time to first audio; a later one starts while the earlier
+        ones play, so it takes a whole window and pays the context (and the flow's split) less."""
+        return self.first_frames if sentence == 0 else self.frames
+
 
 class Engine(ABC):
     """A loaded voice on a device."""

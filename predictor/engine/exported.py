@@ -178,7 +178,7 @@ class OnnxEngine(PiperEngine):
         for k, ids in enumerate(sentences):
             prior, _, _ = self._encode(ids, scales, speaker, _seed(params, 0, k))
             n_frames = prior.shape[-1]
-            plan = windows.plan(n_frames, sizes.first_frames, sizes.frames, self._context)
+            plan = windows.plan(n_frames, sizes.first_of(k), sizes.frames, self._context)
             pieces = iter(windows.flow_plan(n_frames, plan[0].context_end, self._flow_context))
             latent = np.empty_like(prior)  # [1, inter, F], filled piece by piece
             flowed = 0  # frames of latent computed so far

@@ -127,7 +127,7 @@ class TorchEngine(PiperEngine):
                     *self._scales(params),
                     generator=generator,
                 )
-            plan = windows.plan(z.size(-1), sizes.first_frames, sizes.frames, self._context)
+            plan = windows.plan(z.size(-1), sizes.first_of(k), sizes.frames, self._context)
             for n, w in enumerate(plan):
                 with torch.inference_mode():
                     audio = model.decode(z[:, :, w.context_start : w.context_end])[0, w.keep(hop)]

@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -249,21 +250,27 @@ class Batcher:
     def _serve(self, worker: Worker) -> None:
         while True:
             batch = self._next_batch(worker)
+            settle: Sequence[Callable[[], None]] = ()
             try:
-                self._run(worker, batch)
+                settle = self._run(worker, batch)
             finally:
                 del batch  # this thread's references: an idle trim must find them freed
                 with self._cond:
                     self._busy -= 1
                     self._cond.notify_all()  # the solo thread may take the next call now
+            # Answered only now, once this worker counts as free: a caller's next request, sent the
+            # moment this one is answered, finds nothing running (the solo worker's lone call).
+            for answer in settle:
+                answer()
+            del settle
 
-    def _run(self, worker: Worker, batch: list[_Job]) -> None:
+    def _run(self, worker: Worker, batch: list[_Job]) -> Sequence[Callable[[], None]]:
+        """Run one batch; returns how to answer its jobs (called once the worker counts as free)."""
         texts = [t for job in batch for t in job.texts]
         metrics.BATCH_SIZE.observe(len(texts))
         start = time.monotonic()
         if batch[0].on_piece is not None:
-            self._stream(worker, batch[0], start)
-            return
+            return self._stream(worker, batch[0], start)
         try:
             if batch[0].aligned:
                 assert worker.run_aligned is not None  # submit checked
@@ -271,17 +278,17 @@ class Batcher:
             else:
                 audio = worker.run_batch(texts, batch[0].params)
         except BaseException as exc:  # the engine's error belongs to the requests that ran
-            for job in batch:
-                job.resolve(error=exc)
-            return
+            return [partial(job.resolve, error=exc) for job in batch]
         elapsed = time.monotonic() - start
         self._job_seconds = 0.8 * self._job_seconds + 0.2 * elapsed
+        answers: list[Callable[[], None]] = []
         offset = 0
         for job in batch:
-            job.resolve(result=(audio[offset : offset + len(job.texts)], elapsed))
+            answers.append(partial(job.resolve, result=(audio[offset : offset + len(job.texts)], elapsed)))
             offset += len(job.texts)
+        return answers
 
-    def _stream(self, worker: Worker, job: _Job, start: float) -> None:
+    def _stream(self, worker: Worker, job: _Job, start: float) -> Sequence[Callable[[], None]]:
         assert worker.run_stream is not None and job.on_piece is not None
         on_piece = job.on_piece
         try:
@@ -292,11 +299,10 @@ class Batcher:
                     metrics.REJECTED.labels("cancelled").inc()
                     break
         except BaseException as exc:  # the engine's error belongs to the request that ran
-            job.resolve(error=exc)
-            return
+            return [partial(job.resolve, error=exc)]
         elapsed = time.monotonic() - start
         self._job_seconds = 0.8 * self._job_seconds + 0.2 * elapsed
-        job.resolve(result=([], elapsed))
+        return [partial(job.resolve, result=([], elapsed))]
 
     def _next_batch(self, worker: Worker) -> list[_Job]:
         with self._cond:

@@ -28,8 +28,10 @@ def test_publish_then_fetch_round_trip(s3_server, tmp_path):
 
     assert published.returncode == 0, published.stderr
     assert fetched.returncode == 0, fetched.stderr
-    assert "7 downloaded" in fetched.stdout
-    assert "0 downloaded, 7 already verified" in again.stdout
+    assert (
+        "8 downloaded" in fetched.stdout
+    )  # model.onnx, config, card, safetensors, vits.json, prior, flow, decoder
+    assert "0 downloaded, 8 already verified" in again.stdout
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
     assert manifest["name"] == "en_US-joe-medium"
 

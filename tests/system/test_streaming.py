@@ -152,6 +152,26 @@ def test_an_onnx_stream_runs_the_flow_only_over_its_first_windows_frames_before_
     assert len(ran) == 2 and ran[1] == sum(ran) - ran[0]  # the rest in one run, after the first audio
 
 
+@pytest.mark.parametrize("engine_name", ["onnx", "torch"])
+def test_only_a_streams_first_sentence_starts_with_a_short_window(onnx_engine, torch_engine, engine_name):
+    engine = {"onnx": onnx_engine, "torch": torch_engine}[engine_name]
+    text = "The first sentence is short. The second one is short too."
+    seeded = SynthesisParams(seed=5)
+    hop = engine.hop_length
+
+    pieces = [audio for audio, _ in engine.stream(text, seeded, StreamWindows(24, 192))]
+
+    whole = engine.synthesize([text], seeded)[0]
+    joined = np.concatenate(pieces)
+    assert joined.shape == whole.shape and np.abs(joined - whole).max() <= 1e-4
+    first_sentence = engine.synthesize(["The first sentence is short."], seeded)[0]
+    assert len(pieces[0]) == 24 * hop
+    # The first sentence (under 192 frames) in two windows, then the second in one: 192 frames or
+    # fewer, since it starts while the first plays.
+    assert sum(len(p) for p in pieces[:2]) == len(first_sentence)
+    assert len(pieces) == 3 and len(pieces[2]) == len(whole) - len(first_sentence) <= 192 * hop
+
+
 def test_receptive_field_follows_the_voice_config(voice_dir):
     config = VitsConfig.from_dict(json.loads((voice_dir / "vits.json").read_text()))
     wider = VitsConfig.from_dict(
