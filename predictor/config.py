@@ -647,7 +647,7 @@ class Settings(BaseSettings):
 
     def solo_worker(self) -> bool:
         """Whether a copy with all of CPU_THREADS runs the calls that would run alone (ENGINE_WORKERS)."""
-        return self.workers() > 1 and self.threads() > self.worker_threads()
+        return self.workers() > 1  # a worker's share is then less than all of CPU_THREADS
 
 
 # The order and titles of docs/settings.md; every field of Settings is in exactly one group

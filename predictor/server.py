@@ -285,11 +285,11 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
         service.mark_ready(done.engine)
         total = process_age_s()
         metrics.COLD_START_SECONDS.labels("total").set(total)
-    if done.copies_later:
+    if settings.solo_worker():
         # Ready on the solo worker's copy alone: a cold start does not wait for the workers' copies.
         threading.Thread(
             target=_add_workers,
-            args=(service, settings, done.copies_later),
+            args=(service, settings, settings.workers()),
             name="engine-copies",
             daemon=True,
         ).start()

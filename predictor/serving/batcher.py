@@ -115,11 +115,10 @@ class Batcher:
         run_stream: RunStream | None = None,
         run_aligned: RunAligned | None = None,
         more_workers: Sequence[Worker] = (),
-        solo: Worker | None = None,
     ):
         # Every worker can run every kind of job: the first one's calls say which kinds there are.
         self._workers = [Worker(run_batch, run_stream, run_aligned), *more_workers]
-        self._solo = solo
+        self._solo: Worker | None = None  # add_workers makes the first worker the solo one
         self._busy = 0  # workers (the solo one included) running a job: an idle trim waits until none is
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
@@ -136,10 +135,6 @@ class Batcher:
             )
             for n, w in enumerate(self._workers)
         ]
-        if solo is not None:
-            self._threads.append(
-                threading.Thread(target=self._serve, args=(solo,), name="engine-solo", daemon=True)
-            )
         for thread in self._threads:
             thread.start()
 

@@ -53,9 +53,6 @@ class ColdStart:
     manifest: Manifest
     report: FetchReport
     phases_ns: dict[str, tuple[int, int]] = field(default_factory=dict)  # phase -> (start, end), epoch ns
-    # Copies of the engine the workers run (ENGINE_WORKERS), made after ready by copy(): until they
-    # are there, ``engine`` (the solo worker's copy, Settings.solo_worker) serves every call alone.
-    copies_later: int = 0
 
 
 def begin(settings: Settings) -> Future:
@@ -145,8 +142,8 @@ def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> Co
     eng: Engine = engine.result()
     _timed(phases, "load", lambda: eng.load(settings.model_dir))
     _timed(phases, "warmup", lambda: eng.warmup(settings.warmup_text))
-    later = settings.workers() if settings.solo_worker() else 0
-    return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases, copies_later=later)
+    # The workers' copies (Settings.solo_worker) are made after ready, by copy(): predictor/server.py.
+    return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases)
 
 
 def copy(settings: Settings) -> Engine:

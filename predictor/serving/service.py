@@ -97,20 +97,15 @@ class TTSService:
         )
 
     def mark_ready(self, engine: Engine, more_engines: Sequence[Engine] = ()) -> None:
-        """Serve from ``engine`` (and, one worker each, ``more_engines``: copies of it, ENGINE_WORKERS).
-        With a solo worker (Settings.solo_worker) ``engine`` is that one and ``more_engines`` the workers;
-        given none yet, it serves every call until add_workers."""
+        """Serve from ``engine`` (and, one worker each, ``more_engines``: copies of it). With a solo
+        worker (Settings.solo_worker) ``engine`` serves every call until add_workers makes it the solo one."""
         settings = self.settings
-        worker = self._worker
-        solo = worker(engine) if settings.solo_worker() and more_engines else None
-        workers = [worker(e) for e in more_engines] if solo else [worker(engine), *map(worker, more_engines)]
-        first = workers[0]
+        first, *more = map(self._worker, [engine, *more_engines])
         self._batcher = Batcher(
             first.run_batch,
             run_stream=first.run_stream,
             run_aligned=first.run_aligned,
-            more_workers=workers[1:],
-            solo=solo,
+            more_workers=more,
             max_batch_size=settings.batch_size,
             max_delay_s=settings.max_batch_delay_ms / 1000,
             max_queue=settings.max_queue,

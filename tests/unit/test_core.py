@@ -509,7 +509,8 @@ def test_a_lone_call_runs_on_the_solo_worker_and_calls_that_overlap_on_the_worke
     )
     assert settings.solo_worker() and settings.worker_threads() == 1
     service = TTSService(settings)
-    service.mark_ready(solo, [one, two])
+    service.mark_ready(solo)
+    service.add_workers([one, two])
 
     def workers_seen() -> list[str]:
         return one.texts_seen + two.texts_seen
