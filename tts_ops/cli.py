@@ -99,7 +99,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from tts_ops.simulate.errors import SimulateError
 
     try:
-        measured = profile.measure(args.url, repeats=args.repeats, engine=args.engine, device=args.device)
+        measured = profile.measure(
+            args.url, repeats=args.repeats, engine=args.engine, device=args.device, overlap=args.overlap
+        )
         measured = profile.admit(measured, force=args.force)
         if measured.forced:
             print(f"tts-ops profile: warning: forced: {profile.load_problem(measured)}", file=sys.stderr)
@@ -194,6 +196,8 @@ def _shown(path: Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tts_ops.simulate import profile as profile_defaults
+
     parser = argparse.ArgumentParser(prog="tts-ops", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -221,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", required=True, help="the predictor's REST address, e.g. http://127.0.0.1:8080")
     p.add_argument("--out", help="write the profile JSON here (atomically)")
     p.add_argument("--repeats", type=int, default=3, help="requests per text length (median taken)")
+    p.add_argument(
+        "--overlap",
+        type=int,
+        default=profile_defaults.OVERLAP,
+        help="requests sent at once for overlap_factor, what a call costs beside others on the "
+        "predictor as it runs (its ENGINE_WORKERS); 1: not measured (default %(default)s)",
+    )
     p.add_argument(
         "--engine",
         choices=("onnx", "torch"),

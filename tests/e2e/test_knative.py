@@ -28,10 +28,13 @@ from testing.kube import (
     wake_from_zero,
 )
 from testing.predictor import metric_in
+from testing.process import REPO
+from tts_ops.simulate import settings
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 SERVICE = "tts-predictor"  # the Knative Service KServe makes for InferenceService tts
-CONTAINER_CONCURRENCY = 3  # knative/overlays/cpu
+# As the deployed overlay renders it (knative/overlays/cpu sets it, e2e inherits it).
+CONTAINER_CONCURRENCY = settings.read(REPO / "knative/overlays/e2e").values["kpa.container_concurrency"]
 
 
 def _revision(cluster) -> str:
@@ -72,8 +75,8 @@ def test_knative_a_request_at_zero_is_held_by_the_activator_and_answered_with_re
 def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_concurrency_holds(
     cluster, knative, e2e_report
 ):
-    # Twelve callers in a loop: four times containerConcurrency on one pod, at once (a burst, which
-    # the 6-second panic window sees before the stable one).
+    # Twelve callers in a loop: several times containerConcurrency on one pod, at once (a burst,
+    # which the 6-second panic window sees before the stable one).
     clients, deadline_s = 12, 150.0
     answers: list[int] = []
     sends: list[float] = []  # when each request left, for the simulator's replay (test_knative_simulator)

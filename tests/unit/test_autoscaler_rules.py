@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tts_ops.simulate import hpa, keda, pods, profile, settings, simulator, trace
+from tts_ops.simulate.errors import SimulateError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -263,3 +264,53 @@ def test_pods_sharing_fewer_cores_than_are_busy_synthesize_slower_in_proportion(
     assert max(alone) == pytest.approx(1.0, abs=0.05)
     # The first two start with one and two busy (full speed); the third and fourth with three and four.
     assert shared == pytest.approx([1.0, 1.0, 1.5, 2.0], abs=0.05)
+
+
+# --- engine workers in a pod -------------------------------------------------------------------
+def _worker_latencies(arrivals: int, workers: int, overlap_factor: float) -> list[float | None]:
+    """Latencies of `arrivals` requests at t=0 of 1 s alone each, on one ready knative cpu pod."""
+    _flavour, values = settings.from_manifests(ROOT / "knative" / "overlays" / "cpu")
+    values.update({"replicas.start": 1, "replicas.min": 1, "replicas.max": 1, "pod.engine_workers": workers})
+    prof = profile.Profile(
+        base_s=0.0, per_char_s=0.1, cold_start_s=1.0, phases_s={}, overlap_factor=overlap_factor
+    )
+    times = [0.0] * arrivals
+    return simulator.simulate("knative", values, prof, trace.Trace(times, [10] * arrivals, "test")).latencies
+
+
+def test_a_pod_of_two_workers_runs_a_second_call_beside_the_first_at_the_overlap_factor():
+    # The first finds the pod idle (the predictor's solo worker: its time alone); the second runs
+    # beside it on a worker, the third when a worker is free; one worker runs them in turn.
+    assert _worker_latencies(3, workers=2, overlap_factor=1.5) == [1.0, 1.5, 2.5]
+    assert _worker_latencies(3, workers=1, overlap_factor=1.5) == [1.0, 2.0, 3.0]
+
+
+def test_a_profile_that_never_measured_overlap_keeps_a_pod_of_workers_to_one_call_at_a_time():
+    assert _worker_latencies(2, workers=2, overlap_factor=0.0) == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("env", "limits", "want"),
+    [
+        ({"ENGINE_WORKERS": "2"}, {"cpu": "2"}, 2),
+        ({"ENGINE_WORKERS": "2"}, {"cpu": "1"}, 1),  # the e2e overlays' 1-CPU pods run one
+        ({"ENGINE_WORKERS": "2"}, {"cpu": "1500m"}, 1),  # a quota rounds down, as container_cpus
+        ({"ENGINE_WORKERS": "4", "CPU_THREADS": "2"}, {"cpu": "8"}, 2),  # CPU_THREADS wins over the quota
+        ({}, {"cpu": "2"}, 1),  # Settings' default
+    ],
+)
+def test_a_pods_engine_workers_are_resolved_as_the_predictor_resolves_them(env, limits, want):
+    assert settings.engine_workers(env, limits) == want
+
+
+def test_the_cpu_overlays_pods_run_two_workers_and_the_e2e_ones_one():
+    def workers(overlay: str) -> int:
+        return settings.from_manifests(ROOT / overlay)[1]["pod.engine_workers"]
+
+    assert workers("knative/overlays/cpu") == workers("keda/overlays/cpu") == 2
+    assert workers("knative/overlays/e2e") == workers("keda/overlays/e2e") == 1
+
+
+def test_a_cpu_limit_that_is_no_quantity_is_bad_input_naming_it():
+    with pytest.raises(SimulateError, match="'two'"):
+        settings.engine_workers({"ENGINE_WORKERS": "2"}, {"cpu": "two"})

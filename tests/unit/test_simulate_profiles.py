@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -200,8 +202,10 @@ def test_force_admits_a_loaded_profile_marked_forced():
 class _Predictor:
     """A ready predictor's REST answers, recording each request and each load reading in order."""
 
-    def __init__(self, platform: str | None, loads: list[float]):
+    def __init__(self, platform: str | None, loads: list[float], synthesis_s: float = 0.0, workers: int = 1):
         self.platform, self.loads, self.events = platform, loads, []
+        # Each synthesis sleeps synthesis_s; at most `workers` at once, the rest wait their turn.
+        self.synthesis_s, self.engine = synthesis_s, threading.Semaphore(workers)
 
     def load_average(self) -> float:
         self.events.append("load")
@@ -217,6 +221,8 @@ class _Predictor:
                 meta = {"name": "tts"} | ({"platform": self.platform} if self.platform else {})
                 return httpx.Response(200, json=meta)
             if path == "/v2/models/tts/infer":
+                with self.engine:
+                    time.sleep(self.synthesis_s)
                 return httpx.Response(200, json={"outputs": []})
             if path == "/metrics":
                 return httpx.Response(
@@ -250,6 +256,24 @@ def test_measure_reads_the_load_before_the_first_request_and_after_the_last():
     assert measured.load_average == (0.5, 2.75) and measured.cores == 2
     with pytest.raises(SimulateError, match=r"2\.75 at the end"):
         profile.admit(measured)
+
+
+@pytest.mark.parametrize(("workers", "low", "high"), [(1, 1.8, 2.6), (2, 0.9, 1.4)])
+def test_measure_times_two_requests_at_once_against_one_alone(workers, low, high):
+    # One engine call at a time: two at once take twice one alone; two workers: about one's time.
+    predictor = _Predictor("onnx", [0.1, 0.1], synthesis_s=0.05, workers=workers)
+
+    measured = predictor.measure(overlap=2)
+
+    assert low <= measured.overlap_factor <= high, measured.overlap_factor
+
+
+def test_a_profile_without_an_overlap_measurement_says_zero_and_one_with_it_reads_back(tmp_path):
+    assert _Predictor("onnx", [0.1, 0.1]).measure(overlap=1).overlap_factor == 0.0
+    out = tmp_path / "p.json"
+    profile.write(_profile((0.1, 0.1), 2, overlap_factor=1.8), out)
+
+    assert profile.load(out).overlap_factor == 1.8
 
 
 def test_measure_records_the_engine_the_predictor_reports():

@@ -1,6 +1,7 @@
 """Pods: start (schedule, image pull, the profile's cold start, the first passing startup and readiness
 probes),
-serve one synthesis at a time from their own FIFO queue, and drain on scale-down."""
+serve their FIFO queue with as many syntheses at once as they have engine workers, and drain on
+scale-down."""
 
 from __future__ import annotations
 
@@ -37,10 +38,14 @@ class Pod:
     created_s: float
     ready_s: float
     state: str = "starting"  # starting | ready | draining | gone
-    busy: bool = False
+    running: int = 0  # syntheses under way, at most the pod's engine workers
     queue: deque = field(default_factory=deque)  # request indices waiting for the engine
     removed_s: float | None = None
 
     @property
+    def busy(self) -> bool:
+        return self.running > 0
+
+    @property
     def in_flight(self) -> int:
-        return len(self.queue) + (1 if self.busy else 0)
+        return len(self.queue) + self.running

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 SCHEMA = "tts-predictor-profile/1"
 # Lengths measured by `profile`: a short reply up to a paragraph (MAX_SEGMENT_CHARS-sized).
 LENGTHS = (20, 80, 200, 400)
+# Requests sent at once for overlap_factor: the CPU manifests' two engine workers; of one length.
+OVERLAP = 2
+OVERLAP_CHARS = 200
 _SENTENCE = "The quick brown fox jumps over the lazy dog while the band plays on. "
 
 
@@ -47,6 +50,14 @@ class Profile:
     load_average: tuple[float, ...] = ()  # 1-minute load average at the start and at the end; () unknown
     cores: int = 0  # the measuring machine's CPUs (os.cpu_count); 0 unknown
     forced: bool = False  # written with `profile --force` although load_average was above cores
+    # A call's time while OVERLAP calls run at once on the predictor, over its time alone: the
+    # makespan of OVERLAP simultaneous requests of OVERLAP_CHARS / one alone. 0: not measured, and a
+    # simulated pod runs one call at a time whatever its ENGINE_WORKERS.
+    overlap_factor: float = 0.0
+
+    def overlapping_s(self, chars: int) -> float:
+        """A call's time beside another on a pod of several engine workers."""
+        return self.synthesis_s(chars) * self.overlap_factor
 
     def synthesis_s(self, chars: int) -> float:
         return self.base_s + self.per_char_s * chars
@@ -69,6 +80,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "load_average": list,
     "cores": int,
     "forced": bool,
+    "overlap_factor": (int, float),
 }
 
 
@@ -95,8 +107,8 @@ def load(path: Path | str) -> Profile:
             not isinstance(doc[key], kind) or (kind is not bool and isinstance(doc[key], bool))
         ):
             raise SimulateError(f"{path}: key {key!r} has the wrong type ({type(doc[key]).__name__})")
-    for key in ("base_s", "per_char_s", "cold_start_s"):
-        if doc[key] < 0:
+    for key in ("base_s", "per_char_s", "cold_start_s", "overlap_factor"):
+        if doc.get(key, 0) < 0:
             raise SimulateError(f"{path}: key {key!r} must be >= 0, got {doc[key]}")
     phases = doc.get("phases_s", {})
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in phases.values()):
@@ -117,6 +129,7 @@ def load(path: Path | str) -> Profile:
         load_average=tuple(float(v) for v in loads),
         cores=doc.get("cores", 0),
         forced=doc.get("forced", False),
+        overlap_factor=float(doc.get("overlap_factor", 0.0)),
     )
 
 
@@ -231,11 +244,14 @@ def measure(
     load_average: Callable[[], float] = one_minute_load,
     cores: int | None = None,
     transport: httpx.BaseTransport | None = None,
+    overlap: int = OVERLAP,
 ) -> Profile:
     """Time real requests against a ready predictor at `url` and read its cold-start gauges.
 
     The engine is the one the predictor reports; ENGINE is for a predictor that reports none, and
     must agree with one that does. DEVICE (cpu or cuda) is not reported: it is the caller's word.
+    OVERLAP requests of OVERLAP_CHARS sent at once, REPEATS times, give overlap_factor (0: not measured):
+    what a call costs beside others on this predictor as it runs (its ENGINE_WORKERS and CPUs).
     LOAD_AVERAGE, CORES and TRANSPORT are seams for tests (the machine's load, os.cpu_count(), HTTP)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
@@ -256,18 +272,31 @@ def measure(
             )
         if reported is not None and engine is not None and reported != engine:
             raise SimulateError(f"--engine {engine}: the predictor at {url} reports engine {reported}")
-        points: list[tuple[int, float]] = []
-        for n in lengths:
-            text = (_SENTENCE * (n // len(_SENTENCE) + 1))[:n].strip()
+
+        def infer(n: int) -> float:
+            """Seconds of one v2 request of n characters."""
+            text = _text(n)
             body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                r = client.post(f"{url}/v2/models/{model}/infer", json=body)
-                times.append(time.perf_counter() - t0)
-                if r.status_code != 200:
-                    raise SimulateError(f"{url}: infer answered {r.status_code}: {r.text[:200]}")
-            points.append((len(text), statistics.median(times)))
+            t0 = time.perf_counter()
+            r = client.post(f"{url}/v2/models/{model}/infer", json=body)
+            if r.status_code != 200:
+                raise SimulateError(f"{url}: infer answered {r.status_code}: {r.text[:200]}")
+            return time.perf_counter() - t0
+
+        points = [(len(_text(n)), statistics.median(infer(n) for _ in range(repeats))) for n in lengths]
+        overlap_factor = 0.0
+        if overlap > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            # One alone, then OVERLAP at once, in turn: a drift of the machine's speed moves both.
+            alone, makespans = [], []
+            with ThreadPoolExecutor(overlap) as pool:
+                for _ in range(repeats):
+                    alone.append(infer(OVERLAP_CHARS))
+                    t0 = time.perf_counter()
+                    list(pool.map(infer, [OVERLAP_CHARS] * overlap))
+                    makespans.append(time.perf_counter() - t0)
+            overlap_factor = round(statistics.median(makespans) / statistics.median(alone), 3)
         phases: dict[str, float] = {}
         for family in text_string_to_metric_families(client.get(f"{url}/metrics").text):
             for sample in family.samples:
@@ -291,7 +320,13 @@ def measure(
         points=tuple((n, round(t, 4)) for n, t in points),
         load_average=(round(load_start, 2), round(load_end, 2)),
         cores=cores,
+        overlap_factor=overlap_factor,
     )
+
+
+def _text(n: int) -> str:
+    """About n characters of plain sentences."""
+    return (_SENTENCE * (n // len(_SENTENCE) + 1))[:n].strip()
 
 
 def write(profile: Profile, out: Path) -> None:

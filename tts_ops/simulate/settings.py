@@ -28,6 +28,12 @@ KEYS: dict[str, tuple[Any, str]] = {
     "pod.startup_period_s": (0.0, "s, startupProbe.periodSeconds (0 = no startup probe)"),
     "pod.max_queue": (32, "requests waiting per pod before 503 (MAX_QUEUE)"),
     "pod.request_timeout_s": (30.0, "s, REQUEST_TIMEOUT_S: still queued at the pod after this -> 503"),
+    "pod.engine_workers": (
+        1,
+        "engine calls a pod runs at once: ENGINE_WORKERS, at most one per CPU (CPU_THREADS, else the "
+        "container's limits.cpu rounded down), as Settings.workers(); a call beside another takes the "
+        "profile's overlap_factor times its time alone",
+    ),
     "node.cpus": (
         0.0,
         "cores the predictor pods share (0 = every pod has the core its profile was measured on); with "
@@ -231,6 +237,37 @@ def predictor_engine(env: dict[str, str], where: str = "env") -> Engine:
     return Engine(resolved.engine_name, device, f"the predictor's env has {stated}")
 
 
+def cpu_quantity(text: str) -> float:
+    """A Kubernetes CPU quantity ("2", "1500m", "0.5") in CPUs."""
+    text = str(text).strip()
+    try:
+        return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    except ValueError:
+        raise SimulateError(f"limits.cpu: {text!r} is not a CPU quantity") from None
+
+
+def engine_workers(env: dict[str, str], limits: dict[str, Any]) -> int:
+    """Engine calls the predictor with this env runs at once, as Settings.workers() resolves them in a
+    container of these limits: ENGINE_WORKERS, at most one per CPU thread (CPU_THREADS, else the CPU
+    quota rounded down, at least one, as config.container_cpus reads it; no limit: one per Settings'
+    default, since the node's cores are unknown here)."""
+    from pydantic import ValidationError
+
+    given = {k.lower(): env[k] for k in ("ENGINE_WORKERS", "CPU_THREADS") if k in env}
+    try:
+        resolved = _manifest_settings()(**given)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise SimulateError(f"the predictor's env: {problems}") from None
+    if resolved.cpu_threads != "auto":
+        threads = int(resolved.cpu_threads)
+    elif "cpu" in limits:
+        threads = max(1, int(cpu_quantity(limits["cpu"])))
+    else:
+        threads = 1
+    return max(1, min(int(resolved.engine_workers), threads))
+
+
 @functools.cache
 def _manifest_settings() -> type:
     """Settings read from the arguments alone: a pod's env is its manifest's, not the shell's that
@@ -262,6 +299,7 @@ def _read_predictor(isvc: dict, values: dict[str, Any]) -> dict[str, str]:
         values["pod.max_queue"] = int(env["MAX_QUEUE"])
     if "REQUEST_TIMEOUT_S" in env:
         values["pod.request_timeout_s"] = float(env["REQUEST_TIMEOUT_S"])
+    values["pod.engine_workers"] = engine_workers(env, container.get("resources", {}).get("limits", {}))
     probe = container.get("readinessProbe", {})
     if "periodSeconds" in probe:
         values["pod.readiness_period_s"] = float(probe["periodSeconds"])

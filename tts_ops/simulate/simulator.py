@@ -1,5 +1,11 @@
 """The event loop: requests arrive, are held (activator / interceptor / Kafka) or queue at a pod, are
-synthesized one at a time per pod; controllers tick and start or drain pods.
+synthesized by the pod's engine workers (pod.engine_workers at once, where the profile measured what
+a call costs beside another: overlap_factor; else one at a time); controllers tick and start or drain
+pods.
+
+A pod of several workers runs a call that starts with nothing else running or waiting at the
+profile's time alone (the predictor's solo worker, with every CPU), and a call that starts beside
+others at overlap_factor times that (a worker's share of the CPUs), fixed at its start.
 
 Knative's revision timeout ends a request `timeout` seconds after the activator received it, with 504
 (measured on the cluster: tests/e2e/test_knative_timeout.py): held by the activator or queued at its
@@ -135,6 +141,7 @@ class Simulation:
         self.proxy_since = -math.inf
         self.max_pods = values["replicas.max"] or 10**6
         self.min_pods = values["replicas.min"]
+        self.workers = values["pod.engine_workers"] if profile.overlap_factor > 0 else 1
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def _push(self, t: float, kind: int, data: Any = None) -> None:
@@ -202,19 +209,23 @@ class Simulation:
 
     def _assign(self, pod: Pod, i: int) -> None:
         self.forwarded[i] = self.now
-        if pod.busy:
+        if pod.running >= self.workers:
             pod.queue.append(i)
         else:
             self._synthesize(pod, i)
 
     def _synthesize(self, pod: Pod, i: int) -> None:
-        """Start request i's synthesis on pod. Where the pods share fewer cores than are busy
-        (node.cpus), each runs slower in proportion, fixed at the start (a coarse processor share)."""
-        pod.busy = True
-        seconds = self.profile.synthesis_s(self.trace.chars[i])
+        """Start request i's synthesis on pod: at the profile's time alone when nothing else runs or
+        waits there, else beside the others (overlap_factor). Where the pods share fewer cores than
+        syntheses are running (node.cpus), each runs slower in proportion, fixed at the start (a
+        coarse processor share)."""
+        chars = self.trace.chars[i]
+        alone = self.workers == 1 or (pod.running == 0 and not pod.queue)
+        seconds = self.profile.synthesis_s(chars) if alone else self.profile.overlapping_s(chars)
+        pod.running += 1
         cpus = self.v["node.cpus"]
         if cpus > 0:
-            seconds *= max(1.0, sum(1 for p in self.pods if p.busy) / cpus)
+            seconds *= max(1.0, sum(p.running for p in self.pods) / cpus)
         self._push(self.now + seconds, _COMPLETE, (pod, i))
 
     def _least_loaded(self) -> Pod | None:
@@ -324,13 +335,13 @@ class Simulation:
                 self.rejected += 1  # the interceptor stopped waiting for the headers: 502, work wasted
             else:
                 self.latency[i] = lat
-        pod.busy = False
+        pod.running -= 1
         # The predictor drops requests still queued after REQUEST_TIMEOUT_S (503).
         while pod.queue and self.now - self.forwarded[pod.queue[0]] > self.v["pod.request_timeout_s"]:
             self._reject(pod.queue.popleft())
-        if pod.queue:
+        while pod.queue and pod.running < self.workers:
             self._synthesize(pod, pod.queue.popleft())
-        elif pod.state == "draining":
+        if pod.state == "draining" and not pod.busy and not pod.queue:
             self._gone(pod)
         self._dispatch()
 

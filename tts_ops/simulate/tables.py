@@ -55,7 +55,7 @@ ROWS = (
         "`scale-to-zero-pod-retention-period` (knative cpu)",
         "knative/overlays/cpu",
         ("kpa.pod_retention_s",),
-        ("0", "300", "600", "1200"),
+        ("0", "300", "360", "600", "1200"),
         ("bursty", "bursty, 7-minute gaps", "idle"),
     ),
     Row(
