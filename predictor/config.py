@@ -329,9 +329,11 @@ class Settings(BaseSettings):
         192,
         ge=8,
         le=10_000,
-        description="Frames of each later decoder window (192 = 2.2 s), at least the first's: larger costs fewer context "
-        "frames (twice the receptive field per window, ~26) but leaves the engine in longer steps. "
-        "Default: the context (~26 frames) adds ~14 % to each window's decoding.",
+        description="Frames of the decoder window after the first (192 = 2.2 s), at least the first's; each later "
+        "window is twice the one before, since it is decoded while all the audio before it plays. Larger "
+        "costs fewer context frames (twice the receptive field per window, ~26) but the second window must "
+        "be decoded while the first one plays. Default: 192 frames decode in ~70 ms on two CPU threads, "
+        "well within the first window's 0.28 s on one.",
     )
 
     # --- batching and the queue: one engine thread behind a bounded queue ---

@@ -74,17 +74,24 @@ class Window:
 
 
 def plan(n_frames: int, first_frames: int, window_frames: int, context: int) -> list[Window]:
-    """Windows covering [0, n_frames): the first of first_frames, the rest of window_frames.
+    """Windows covering [0, n_frames): the first of first_frames, then each at least window_frames
+    and twice the one before (24, 192, 384, 768, ... by default).
 
-    A remainder shorter than half a window joins the window before it (never the first, which sets the
-    time to first audio) instead of costing a window's context on its own.
+    Each window after the first only has to be decoded while the audio before it plays, and that
+    audio grows with every window, so the windows grow with it: a long sentence pays the context
+    (twice the receptive field) a few times, not once every window_frames. A remainder shorter than
+    half the window it would be joins the window before it instead of costing a context on its own;
+    never a first window shorter than window_frames, which sets the time to first audio.
     """
     if n_frames <= 0:
         return []
     bounds = [0, min(first_frames, n_frames)]
+    size = first_frames
     while bounds[-1] < n_frames:
-        bounds.append(min(bounds[-1] + window_frames, n_frames))
-    if len(bounds) > 3 and bounds[-1] - bounds[-2] < window_frames // 2:
+        size = max(window_frames, 2 * size)
+        bounds.append(min(bounds[-1] + size, n_frames))
+    short_first = first_frames < window_frames
+    if len(bounds) > (3 if short_first else 2) and bounds[-1] - bounds[-2] < size // 2:
         del bounds[-2]
     return [
         Window(a, b, max(0, a - context), min(n_frames, b + context)) for a, b in itertools.pairwise(bounds)

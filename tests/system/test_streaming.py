@@ -197,6 +197,23 @@ def test_window_plan_covers_every_frame_once():
         assert all(0 <= w.context_start <= w.start < w.end <= w.context_end <= n for w in plan)
 
 
+def test_later_windows_double_so_a_long_sentence_pays_the_context_a_few_times():
+    # About 23 s of audio in four windows where 192 each took eleven: 24, 192, 384, then the 768
+    # due next with the rest (632 frames, under half of the 1,536 after it) joined to it.
+    assert [w.end - w.start for w in windows.plan(2000, 24, 192, 13)] == [24, 192, 384, 1400]
+    # A remainder of at least half the window it would be stands alone.
+    assert [w.end - w.start for w in windows.plan(1000, 24, 192, 13)] == [24, 192, 384, 400]
+    assert [w.end - w.start for w in windows.plan(700, 24, 192, 13)] == [24, 192, 484]
+
+
+def test_a_later_sentence_under_two_windows_is_decoded_whole_and_a_first_one_is_not():
+    # A later sentence's first window sets no first audio, so a remainder under half the next
+    # window (384 frames) may join it; the first sentence's short window is never merged away.
+    assert [(w.start, w.end) for w in windows.plan(380, 192, 192, 13)] == [(0, 380)]
+    assert [(w.start, w.end) for w in windows.plan(400, 192, 192, 13)] == [(0, 192), (192, 400)]
+    assert [(w.start, w.end) for w in windows.plan(40, 24, 192, 13)] == [(0, 24), (24, 40)]
+
+
 def test_flow_plan_covers_every_frame_once_and_splits_only_a_rest_longer_than_three_contexts():
     for n in range(1, 400, 7):
         pieces = windows.flow_plan(n, 37, 33)
