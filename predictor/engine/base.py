@@ -103,6 +103,11 @@ class StreamWindows:
         ones play, so it takes a whole window and pays the context (and the flow's split) less."""
         return self.first_frames if sentence == 0 else self.frames
 
+    def following(self) -> StreamWindows:
+        """The windows of a text that continues a stream (a request's later segment): its first
+        sentence too starts while earlier audio plays, so none starts with the short window."""
+        return StreamWindows(self.frames, self.frames)
+
 
 class Engine(ABC):
     """A loaded voice on a device."""

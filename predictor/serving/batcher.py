@@ -44,7 +44,8 @@ from predictor.observability import memory, metrics
 log = logging.getLogger("predictor.batcher")
 
 RunBatch = Callable[[Sequence[str], SynthesisParams], list[np.ndarray]]
-RunStream = Callable[[str, SynthesisParams], Iterator[tuple[np.ndarray, bool]]]
+# (text, params, following): following, the text continues a stream whose earlier audio is playing.
+RunStream = Callable[[str, SynthesisParams, bool], Iterator[tuple[np.ndarray, bool]]]
 RunAligned = Callable[[list[str], SynthesisParams], list[tuple[np.ndarray, list[Word]]]]
 OnPiece = Callable[[np.ndarray, bool], None]
 
@@ -287,7 +288,7 @@ class Batcher:
         assert worker.run_stream is not None and job.on_piece is not None
         on_piece = job.on_piece
         try:
-            for audio, last in worker.run_stream(job.texts[0], job.params):
+            for audio, last in worker.run_stream(job.texts[0], job.params, job.following):
                 if not _post(job.loop, on_piece, audio, last):
                     break  # the server stopped: nobody is left to hand the rest to
                 if job.future.cancelled():  # the caller went away: stop before the next window

@@ -92,7 +92,10 @@ class TTSService:
         sizes = StreamWindows(self.settings.stream_first_window_frames, self.settings.stream_window_frames)
         return Worker(
             e.synthesize_checked,
-            run_stream=lambda text, params: e.stream_checked(text, params, sizes),
+            # A stream's later segment starts while its earlier audio plays: no short first window.
+            run_stream=lambda text, params, following: e.stream_checked(
+                text, params, sizes.following() if following else sizes
+            ),
             run_aligned=e.align_checked,
         )
 

@@ -27,7 +27,9 @@ from predictor.engine.base import StreamWindows, SynthesisParams
 from predictor.engine.exported import OnnxEngine
 from predictor.engine.native import TorchEngine
 from predictor.engine.vits import VitsConfig
+from predictor.serving import pipeline
 from predictor.serving.batcher import Batcher
+from predictor.serving.service import TTSService
 
 SENTENCES = [
     "Hi.",
@@ -172,6 +174,33 @@ def test_only_a_streams_first_sentence_starts_with_a_short_window(onnx_engine, t
     assert len(pieces) == 3 and len(pieces[2]) == len(whole) - len(first_sentence) <= 192 * hop
 
 
+def test_a_streams_later_segments_start_with_a_whole_window(onnx_engine, monkeypatch):
+    # The speech route streams a request segment by segment (serving/pipeline.windows); a later
+    # segment starts while the earlier audio plays, so only the first segment's first window is
+    # short (before, every segment paid the short window and the flow's split, 8-15 % of a stream).
+    settings = load_settings(max_segment_chars=40)  # one sentence a segment here
+    service = TTSService(settings)
+    service.mark_ready(onnx_engine)
+    firsts: list[int] = []
+    stream_checked = onnx_engine.stream_checked
+
+    def recording(text, params, sizes):
+        firsts.append(sizes.first_of(0))
+        return stream_checked(text, params, sizes)
+
+    monkeypatch.setattr(onnx_engine, "stream_checked", recording)
+    text = "The first sentence is short. The second one is short too. And a third one."
+    pieces = pipeline.prepare(text, SynthesisParams(seed=5), 40, service.sample_rate, markup=False)
+
+    async def stream() -> list[np.ndarray]:
+        return [audio async for audio in pipeline.windows(service, pieces, settings.crossfade_ms)]
+
+    audio = asyncio.run(stream())
+
+    assert len(pieces) == 3 and sum(len(a) for a in audio) > 0
+    assert firsts == [24, 192, 192]
+
+
 def test_receptive_field_follows_the_voice_config(voice_dir):
     config = VitsConfig.from_dict(json.loads((voice_dir / "vits.json").read_text()))
     wider = VitsConfig.from_dict(
@@ -251,7 +280,7 @@ def test_a_stream_stops_at_the_next_window_when_its_caller_goes_away():
     decoded: list[int] = []
     release = threading.Event()
 
-    def run_stream(text, params):
+    def run_stream(text, params, following):
         for n in range(50):
             decoded.append(n)
             yield np.zeros(10, dtype=np.float32), n == 49

@@ -639,7 +639,7 @@ def test_a_stream_cut_off_by_the_end_of_its_event_loop_leaves_the_engine_thread_
     thread_errors: list[threading.ExceptHookArgs] = []
     monkeypatch.setattr(threading, "excepthook", thread_errors.append)
 
-    def run_stream(text: str, params: SynthesisParams):
+    def run_stream(text: str, params: SynthesisParams, following: bool):
         for n in range(4):
             decoded.append(n)
             yield np.zeros(10, dtype=np.float32), n == 3
