@@ -87,6 +87,16 @@ class PredictorProcess(Child):
         )
         return time.perf_counter() - self.started
 
+    def wait_for_workers(self, timeout: float = 120.0) -> None:
+        """Until the engine workers' copies exist: made after ready (ENGINE_WORKERS > 1), and with
+        every CPU, so nothing timed or compared should run beside them."""
+        self.wait_for(
+            lambda: self.metric("tts_cold_start_seconds", phase="more_workers") > 0,
+            timeout,
+            "the engine workers' copies",
+            0.05,
+        )
+
     def samples(self, name: str, label: str | None = None) -> dict[str, float]:
         """Samples from /metrics whose name starts with ``name``, keyed by ``label``'s value (or name)."""
         out: dict[str, float] = {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import time
 
 import numpy as np
 import pytest
@@ -264,10 +263,7 @@ def test_two_engine_workers_answer_concurrent_requests_with_the_audio_one_worker
 
     two = start_predictor(ENGINE="auto", ENGINE_WORKERS="2", CPU_THREADS="2")
     # Ready on the solo worker's copy; the workers' two copies come after (not part of the cold start).
-    deadline = time.monotonic() + 60
-    while not two.metric("tts_cold_start_seconds", phase="more_workers"):
-        assert time.monotonic() < deadline, "the workers' copies never came"
-        time.sleep(0.1)
+    two.wait_for_workers(60)
     assert two.metric("tts_cold_start_seconds", phase="total") > 0
     texts = [f"Request number {n} of four, sent at once." for n in range(1, 5)]
     alone = [
