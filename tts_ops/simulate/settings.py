@@ -222,14 +222,8 @@ def predictor_engine(env: dict[str, str], where: str = "env") -> Engine:
     """The engine a predictor with this container env runs: the env's ENGINE, DEVICE, DTYPE and
     COMPILE, the rest at Settings' defaults (never this process's environment), resolved as the
     predictor resolves ENGINE=auto."""
-    from pydantic import ValidationError
-
     given = {k: env[k] for k in ENGINE_ENV if k in env}
-    try:
-        resolved = _manifest_settings()(**{k.lower(): v for k, v in given.items()})
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        raise SimulateError(f"{where}: {problems}") from None
+    resolved = _resolved(given, where)
     device = "cuda" if resolved.device.startswith("cuda") else "cpu"
     stated = ", ".join(f"{k}={v}" for k, v in given.items()) or "no ENGINE, DEVICE, DTYPE or COMPILE"
     if resolved.engine == "auto":
@@ -247,25 +241,24 @@ def cpu_quantity(text: str) -> float:
 
 
 def engine_workers(env: dict[str, str], limits: dict[str, Any]) -> int:
-    """Engine calls the predictor with this env runs at once, as Settings.workers() resolves them in a
-    container of these limits: ENGINE_WORKERS, at most one per CPU thread (CPU_THREADS, else the CPU
-    quota rounded down, at least one, as config.container_cpus reads it; no limit: one per Settings'
-    default, since the node's cores are unknown here)."""
+    """Engine calls the predictor with this env runs at once in a container of these limits:
+    Settings.workers() with CPU_THREADS, else the CPU quota rounded down (at least one, as
+    config.container_cpus reads it; no limit: one, since the node's cores are unknown here)."""
+    given: dict[str, str] = {k: env[k] for k in ("ENGINE_WORKERS", "CPU_THREADS") if k in env}
+    if "CPU_THREADS" not in given or given["CPU_THREADS"] == "auto":
+        given["CPU_THREADS"] = str(max(1, int(cpu_quantity(limits["cpu"])))) if "cpu" in limits else "1"
+    return _resolved(given, "the predictor's env").workers()
+
+
+def _resolved(env: dict[str, str], where: str) -> Any:
+    """Settings from these env vars alone (as the predictor reads them); bad ones are SimulateError."""
     from pydantic import ValidationError
 
-    given = {k.lower(): env[k] for k in ("ENGINE_WORKERS", "CPU_THREADS") if k in env}
     try:
-        resolved = _manifest_settings()(**given)
+        return _manifest_settings()(**{k.lower(): v for k, v in env.items()})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        raise SimulateError(f"the predictor's env: {problems}") from None
-    if resolved.cpu_threads != "auto":
-        threads = int(resolved.cpu_threads)
-    elif "cpu" in limits:
-        threads = max(1, int(cpu_quantity(limits["cpu"])))
-    else:
-        threads = 1
-    return max(1, min(int(resolved.engine_workers), threads))
+        raise SimulateError(f"{where}: {problems}") from None
 
 
 @functools.cache
