@@ -412,6 +412,17 @@ class Settings(BaseSettings):
         "paths, which are always answered. Bounds sockets and memory, not synthesis (MAX_QUEUE does that). "
         "Default: far above MAX_QUEUE, so the queue sheds load first.",
     )
+    close_when_busy: bool = Field(
+        True,
+        description="While the pod holds more requests than its engine workers run at once, answers carry "
+        "Connection: close (REST), so a keep-alive pool in front of a Service (the KEDA HTTP add-on's "
+        "interceptor, any proxy through a ClusterIP) dials again and kube-proxy sends the next request to "
+        "any ready pod. Without it, a pool filled while one pod was ready keeps every request on that pod "
+        "after others are added: measured on the keda flavour's burst, three scaled-out pods took no "
+        "request while the first answered 503 to almost half (docs/cluster.md). Envoy's overload manager "
+        "does the same (disable_http_keepalive). Default on: an idle or keeping-up pod keeps its connections "
+        "(tests/system/test_keepalive.py).",
+    )
     keepalive_timeout_s: float = Field(
         65.0,
         gt=0,
@@ -699,6 +710,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "body_timeout_s",
         "head_timeout_s",
         "max_connections",
+        "close_when_busy",
         "keepalive_timeout_s",
     ),
     "Lifecycle": ("drain_timeout_s",),

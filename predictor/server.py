@@ -137,6 +137,7 @@ class _RESTServer(RESTServer):
                 body_timeout_s=self._settings.body_timeout_s,
             ),
             service=self._service,
+            close_when_busy=self._settings.close_when_busy,
         )
 
     def _register_endpoints(self, app: FastAPI) -> None:

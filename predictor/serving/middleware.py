@@ -58,7 +58,9 @@ class RequestMiddleware:
     ``max_header_count`` of them is 431; a declared
     Content-Length over ``max_body_bytes`` is 413 at once, a chunked body is cut off with 413 as soon as
     it passes the limit, and a body still incomplete after ``body_timeout_s`` is 408. These answers
-    carry ``Connection: close``: the rest of the body is never read.
+    carry ``Connection: close``: the rest of the body is never read. With ``close_when_busy``, so does
+    every answer that starts while the service holds more requests than its workers run: a keep-alive
+    pool in front of a Service dials again, and kube-proxy picks a ready pod for the next request.
 
     An exception no handler turned into a response becomes a 500 {"error"} with both headers, counted,
     logged once with the request id and traceback; the connection stays usable (the body was answered
@@ -77,9 +79,11 @@ class RequestMiddleware:
         routes: frozenset[str],
         limits: Limits,
         service: TTSService | None = None,
+        close_when_busy: bool = False,
     ):
         self.app = app
         self._service = service
+        self._close_when_busy = close_when_busy
         self._revision = revision.encode()
         self._recorder = recorder
         self._routes = routes
@@ -104,7 +108,7 @@ class RequestMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 started_response = True
-                extra = [(b"connection", b"close")] if close else []
+                extra = [(b"connection", b"close")] if close or self._busy() else []
                 message = {**message, "headers": [*message.get("headers", ()), *ids, *extra]}
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 completed = True
@@ -219,6 +223,11 @@ class RequestMiddleware:
                 end(token)
                 if route in self._routes:
                     self._recorder.submit(rid, route, status, time.perf_counter() - started, captured)
+
+    def _busy(self) -> bool:
+        """Close this connection after the answer: the pod has requests waiting, and a keep-alive pool in
+        front of a Service would keep sending it more (Settings.close_when_busy)."""
+        return self._close_when_busy and self._service is not None and self._service.busy
 
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         """(status, message) for a request refused on its head alone, before the app reads anything."""

@@ -178,6 +178,11 @@ class TTSService:
     def admitted(self) -> int:
         return len(self._admitted)
 
+    @property
+    def busy(self) -> bool:
+        """More requests admitted than the engine workers run at once: one at least is waiting."""
+        return len(self._admitted) > self.settings.workers()
+
     # --- requests --------------------------------------------------------------------------
     @property
     def sample_rate(self) -> int:
