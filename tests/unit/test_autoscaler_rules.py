@@ -247,23 +247,82 @@ def test_a_revision_the_activator_never_left_goes_to_zero_at_the_retention_not_t
     assert served - proxied == pytest.approx(30, abs=3)
 
 
-def test_pods_sharing_fewer_cores_than_are_busy_synthesize_slower_in_proportion():
-    # Four pods, each busy with one request, on a node of two cores: each takes twice the profile's
-    # time (tests/e2e/test_calibration.py: four e2e pods on the 2-core node). One core each: no change.
+def _spread(sim: simulator.Simulation) -> simulator.Simulation:
+    """Each request to the least busy pod: where the interceptor's random pick (keda) sends it is not
+    what the node's tests are about."""
+
+    def least_busy() -> pods.Pod | None:
+        return min(sim._ready_pods(), key=lambda p: p.in_flight, default=None)
+
+    sim._least_loaded = least_busy  # type: ignore[method-assign]
+    return sim
+
+
+def test_work_beyond_the_nodes_cores_shares_them_and_is_re_timed_as_pieces_start_and_end():
+    # Four e2e pods on the 2-core node (tests/e2e/test_calibration.py), each synthesizing 1 s of work.
     _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
     prof = profile.Profile(base_s=1.0, per_char_s=0.0, cold_start_s=1.0, phases_s={})
-    burst = trace.Trace([0.0, 0.0, 0.0, 0.0], [10] * 4, "four at once")
 
-    def latencies(cpus: float) -> list[float]:
-        run = simulator.simulate("keda", {**values, "replicas.start": 4, "node.cpus": cpus}, prof, burst)
-        return sorted(x for x in run.latencies if x is not None)
+    def latencies(times: list[float], cpus: float, pod_cpus: float = 1.0) -> list[float]:
+        sim = _spread(
+            simulator.Simulation(
+                "keda",
+                {**values, "replicas.start": 4, "replicas.max": 4, "node.cpus": cpus, "pod.cpus": pod_cpus},
+                prof,
+                trace.Trace(times, [10] * len(times), "four"),
+            )
+        )
+        return sorted(x for x in sim.run().latencies if x is not None)
 
-    alone = latencies(0.0)
-    shared = latencies(2.0)
-    assert len(alone) == len(shared) == 4
-    assert max(alone) == pytest.approx(1.0, abs=0.05)
-    # The first two start with one and two busy (full speed); the third and fourth with three and four.
-    assert shared == pytest.approx([1.0, 1.0, 1.5, 2.0], abs=0.05)
+    # One core each: the profile's time.
+    assert latencies([0.0] * 4, 0.0) == pytest.approx([1.0] * 4, abs=0.01)
+    # Four at once on two cores: half a core each, 2 s.
+    assert latencies([0.0] * 4, 2.0) == pytest.approx([2.0] * 4, abs=0.01)
+    # One alone for 0.5 s (one core: a piece never runs faster), then four share two cores: the first
+    # has 0.5 s of work left at half speed (ends at 1.5 s); the other three then share two cores
+    # (2/3 each) for their last 0.5 s: 0.75 s more, 1.75 s after they arrived.
+    assert latencies([0.0, 0.5, 0.5, 0.5], 2.0) == pytest.approx([1.5, 1.75, 1.75, 1.75], abs=0.01)
+    # Pods of half a core (the profile measured on one): four ask for the node's two, no slower; on
+    # 1.5 cores, each runs at three quarters of its own speed.
+    assert latencies([0.0] * 4, 2.0, pod_cpus=0.5) == pytest.approx([1.0] * 4, abs=0.01)
+    assert latencies([0.0] * 4, 1.5, pod_cpus=0.5) == pytest.approx([4 / 3] * 4, abs=0.01)
+
+
+def test_a_cold_start_beside_busy_pods_shares_the_nodes_cores():
+    # Two pods busy for a long time; a third pod starts (1 s of cold-start work alone). On two cores
+    # the three pieces run at two thirds of a core each: ready after 1.5 s. One core each: 1 s.
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    prof = profile.Profile(base_s=20.0, per_char_s=0.0, cold_start_s=1.0, phases_s={})
+
+    def third_pod_ready_after(cpus: float) -> float:
+        sim = _spread(
+            simulator.Simulation(
+                "keda",
+                {**values, "replicas.start": 2, "node.cpus": cpus, "pod.cpus": 1.0},
+                prof,
+                trace.Trace([0.0, 0.0], [10, 10], "two long"),
+            )
+        )
+        sim.timing = pods.PodTiming(0.0, 0.0, 1.0, readiness_period_s=0.0)
+        ready: list[float] = []
+        arrive, dispatch = sim._arrive, sim._dispatch
+
+        def arrive_then_start_a_pod(i: int) -> None:
+            arrive(i)
+            if i == 1:
+                sim._scale_to(3)
+
+        def noting_ready() -> None:
+            if len(sim._ready_pods()) == 3 and not ready:
+                ready.append(sim.now)
+            dispatch()
+
+        sim._arrive, sim._dispatch = arrive_then_start_a_pod, noting_ready  # type: ignore[method-assign]
+        sim.run()
+        return ready[0]
+
+    assert third_pod_ready_after(0.0) == pytest.approx(1.0, abs=0.01)
+    assert third_pod_ready_after(2.0) == pytest.approx(1.5, abs=0.01)
 
 
 # --- engine workers in a pod -------------------------------------------------------------------

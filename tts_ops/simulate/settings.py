@@ -34,10 +34,15 @@ KEYS: dict[str, tuple[Any, str]] = {
         "container's limits.cpu rounded down), as Settings.workers(); a call beside another takes the "
         "profile's overlap_factor times its time alone",
     ),
+    "pod.cpus": (
+        1.0,
+        "cores one pod may use (limits.cpu; 1 without a limit): a synthesis runs on its worker's part "
+        "of them, a cold start on all of them, as the profile measured them",
+    ),
     "node.cpus": (
         0.0,
-        "cores the predictor pods share (0 = every pod has the core its profile was measured on); with "
-        "more pods busy than cores, a synthesis takes busy / cores times the profile's",
+        "cores the predictor pods share (0 = every pod has what its profile was measured with); the "
+        "syntheses and cold starts under way share them, each at most at its pod's speed (node.py)",
     ),
     "replicas.min": (0, "minReplicas / minReplicaCount"),
     "replicas.max": (4, "maxReplicas / maxReplicaCount"),
@@ -292,7 +297,10 @@ def _read_predictor(isvc: dict, values: dict[str, Any]) -> dict[str, str]:
         values["pod.max_queue"] = int(env["MAX_QUEUE"])
     if "REQUEST_TIMEOUT_S" in env:
         values["pod.request_timeout_s"] = float(env["REQUEST_TIMEOUT_S"])
-    values["pod.engine_workers"] = engine_workers(env, container.get("resources", {}).get("limits", {}))
+    limits = container.get("resources", {}).get("limits", {})
+    values["pod.engine_workers"] = engine_workers(env, limits)
+    if "cpu" in limits:
+        values["pod.cpus"] = cpu_quantity(limits["cpu"])
     probe = container.get("readinessProbe", {})
     if "periodSeconds" in probe:
         values["pod.readiness_period_s"] = float(probe["periodSeconds"])

@@ -24,8 +24,8 @@ times that queued (pkg/queue/sharedmain buildBreaker) and answers 503 beyond. Wi
 `containerConcurrency` 0 neither limits a pod: the predictor's own MAX_QUEUE answers 503.
 
 Simplifications, each on the side of the autoscaler under study rather than the predictor:
-requests go to the least-loaded ready pod (Knative's activator balances so; Kubernetes Services pick
-at random); network hops cost nothing; a pod removed by a scale-down finishes its queue (the drain)
+requests go to the least-loaded ready pod under Knative (its activator balances so) and to a ready pod
+at random under KEDA (the interceptor sends to the Service); network hops cost nothing; a pod removed by a scale-down finishes its queue (the drain)
 and costs replica-seconds until then.
 """
 
@@ -33,16 +33,18 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from tts_ops.simulate import hpa, keda, knative_kpa
+from tts_ops.simulate.node import Cores, Finish
 from tts_ops.simulate.pods import Pod, PodTiming
 from tts_ops.simulate.profile import Profile
 from tts_ops.simulate.trace import Trace
 
-_COMPLETE, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT = range(7)
+_WORK, _CONTAINER, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT = range(8)
 ACTIVATOR_QUEUE = 10_000  # requests the activator holds per revision (breakerQueueDepth)
 QUEUE_PROXY_DEPTH = 10  # queue-proxy queues this many times containerConcurrency
 
@@ -142,6 +144,9 @@ class Simulation:
         self.max_pods = values["replicas.max"] or 10**6
         self.min_pods = values["replicas.min"]
         self.workers = values["pod.engine_workers"] if profile.overlap_factor > 0 else 1
+        self.cores = Cores(values["node.cpus"])
+        self.random = random.Random(0)
+        self.owners: dict[tuple[str, int, int], Pod] = {}  # a piece of work's pod: a synthesis, a cold start
 
     # --- bookkeeping ---------------------------------------------------------------------------
     def _push(self, t: float, kind: int, data: Any = None) -> None:
@@ -167,12 +172,12 @@ class Simulation:
         active = self._active_pods()
         if target > len(active):
             for _ in range(target - len(active)):
-                pod = Pod(self.next_pod, self.now, self.now + self.timing.ready_after())
+                pod = Pod(self.next_pod, self.now, math.inf)
                 self.next_pod += 1
                 self.pods.append(pod)
                 self.alive += 1
                 self.pod_starts += 1
-                self._push(pod.ready_s, _READY, pod)
+                self._push(self.now + self.timing.schedule_s + self.timing.image_pull_s, _CONTAINER, pod)
             self.max_replicas = max(self.max_replicas, self.alive)
         elif target < len(active):
             # Not-yet-ready pods first (newest first), then the least busy ready ones.
@@ -184,6 +189,10 @@ class Simulation:
                     pod.state = "draining"
 
     def _gone(self, pod: Pod) -> None:
+        cold = ("cold start", pod.id, 0)
+        if cold in self.cores:  # scaled away while starting
+            self.owners.pop(cold)
+            self._timed(self.cores.end(self.now, cold))
         pod.state = "gone"
         pod.removed_s = self.now
         self.alive -= 1
@@ -216,19 +225,49 @@ class Simulation:
 
     def _synthesize(self, pod: Pod, i: int) -> None:
         """Start request i's synthesis on pod: at the profile's time alone when nothing else runs or
-        waits there, else beside the others (overlap_factor). Where the pods share fewer cores than
-        syntheses are running (node.cpus), each runs slower in proportion, fixed at the start (a
-        coarse processor share)."""
+        waits there, else beside the others (overlap_factor), fixed at its start. The node's cores
+        (node.cpus) are shared with every other synthesis and cold start under way (node.py)."""
         chars = self.trace.chars[i]
         alone = self.workers == 1 or (pod.running == 0 and not pod.queue)
         seconds = self.profile.synthesis_s(chars) if alone else self.profile.overlapping_s(chars)
         pod.running += 1
-        cpus = self.v["node.cpus"]
-        if cpus > 0:
-            seconds *= max(1.0, sum(p.running for p in self.pods) / cpus)
-        self._push(self.now + seconds, _COMPLETE, (pod, i))
+        self._work(("synthesis", pod.id, i), pod, seconds, self.v["pod.cpus"] / self.workers)
+
+    def _work(self, key: tuple[str, int, int], pod: Pod, seconds: float, cores: float) -> None:
+        self.owners[key] = pod
+        self._timed(self.cores.start(self.now, key, seconds, cores))
+
+    def _timed(self, finishes: list[Finish]) -> None:
+        for t, key, version in finishes:
+            self._push(t, _WORK, (key, version))
+
+    def _finished(self, key: tuple[str, int, int], version: int) -> None:
+        if not self.cores.current(key, version):
+            return  # re-timed since this finish was scheduled
+        self._timed(self.cores.end(self.now, key))
+        pod = self.owners.pop(key)
+        if key[0] == "synthesis":
+            self._complete(pod, key[2])
+        else:
+            # The process is ready; the kubelet's probes see it at their next ticks.
+            assert pod.container_s is not None
+            pod.ready_s = pod.container_s + self.timing.probed(self.now - pod.container_s)
+            self._push(pod.ready_s, _READY, pod)
+
+    def _container_started(self, pod: Pod) -> None:
+        if pod.state != "starting":
+            return  # scaled away before its container started
+        pod.container_s = self.now
+        self._work(("cold start", pod.id, 0), pod, self.timing.cold_start_s, self.v["pod.cpus"])
 
     def _least_loaded(self) -> Pod | None:
+        """The pod the next request goes to. Knative's activator picks the least loaded; the KEDA
+        interceptor sends to the Service, where kube-proxy picks a ready pod at random for each new
+        connection (and a busy pod closes its connections: Settings.close_when_busy), so any ready pod,
+        at random (seeded: a run is repeatable)."""
+        if self.flavour == "keda":
+            ready = self._ready_pods()
+            return self.random.choice(ready) if ready else None
         best = None
         for p in self.pods:
             if p.state == "ready" and (best is None or p.in_flight < best.in_flight):
@@ -383,6 +422,10 @@ class Simulation:
                 v["keda.kafka.activation"],
             )
             self.executor = keda.Executor(v["keda.cooldown_s"], v["keda.initial_cooldown_s"], self.min_pods)
+            if v["replicas.start"] > 0:
+                # Pods running when the trace starts were asked for by traffic just before it: the
+                # cooldown runs from now, not from long ago.
+                self.executor.last_active_s = 0.0
             self.behavior = hpa.Behavior(
                 _rules(v, "hpa.scale_up"), _rules(v, "hpa.scale_down"), max(1, self.min_pods), self.max_pods
             )
@@ -487,8 +530,10 @@ class Simulation:
             if t > horizon and nxt >= n:
                 break
             self._advance(t)
-            if kind == _COMPLETE:
-                self._complete(*data)
+            if kind == _WORK:
+                self._finished(*data)
+            elif kind == _CONTAINER:
+                self._container_started(data)
             elif kind == _READY:
                 if data.state == "starting":
                     data.state = "ready"
