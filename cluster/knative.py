@@ -12,7 +12,7 @@ fixed ports (the autoscaler's :8080, the gateway's 8080/8081/8090) would collide
 network namespace, and the activator and gateway are the data path a request from zero takes.
 
 What differs from upstream's YAML, each for a reason given where it is done: images, the smaller CPU
-requests of a 2-CPU node, no HorizontalPodAutoscalers (no metrics-server here), no preStop hook in the
+requests of a 2-CPU node (and one for the pods that ask for none), no HorizontalPodAutoscalers (no metrics-server here), no preStop hook in the
 gateway (its image has no shell), and the ingress class set to Kourier.
 Run: python -m cluster.knative (after `make cluster`)."""
 
@@ -151,8 +151,12 @@ def _adapt(obj: Obj, images: dict[str, str]) -> Obj | None:
                 ref = env.get("valueFrom", {}).get("configMapKeyRef")
                 if ref and ref["name"].endswith("-images"):
                     ref["optional"] = True
-            requests = container.get("resources", {}).get("requests", {})
-            if "cpu" in requests and _milli(requests["cpu"]) > MAX_CPU_REQUEST_MILLI:
+            requests = container.setdefault("resources", {}).setdefault("requests", {})
+            if "cpu" not in requests or _milli(requests["cpu"]) > MAX_CPU_REQUEST_MILLI:
+                # Upstream's IMC controller and dispatcher ask for nothing: BestEffort, whose CPU
+                # share (2) is nothing beside a predictor pod's (256). Under the calibration burst
+                # they missed their 1 s liveness probes and leader-election renewals and restarted,
+                # each start taking ~1.5 cores for 20-30 s from the pods being measured.
                 requests["cpu"] = f"{MAX_CPU_REQUEST_MILLI}m"
             if container.get("lifecycle", {}).get("preStop", {}).get("exec"):
                 del container["lifecycle"]  # sh and curl are not in an image of one binary

@@ -11,15 +11,22 @@ summary keys, defined the same way on both sides:
 - replica-seconds: the integral of those pods from the first send until none is left;
 - cold-start waits: requests sent while no pod was ready (the simulator's "no ready pod at arrival").
 
+The node's CPU is sampled with the pods (`cpu`): all of it (/proc/stat: the node runs on this
+machine's kernel) and the stable pods' processes' own (found by their pod uid in /proc/PID/cgroup).
+What the rest took (the control plane, the data path, this replay and its watcher's kubectl) is
+`others_cores`: the simulator is given the cores it left to the predictor pods (node.cpus).
+
 A pod being deleted is not counted: the simulator removes a pod when it is scaled down (an idle one
 at once, a busy one after its queue), and its termination (queue-proxy's drain, the grace period) is
 outside both models of autoscaling."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,6 +44,22 @@ class Replay:
     status: list[int]  # 0: no response (a transport error)
     samples: list[tuple[float, int, int]] = field(default_factory=list)  # (t, pods kept, ready)
     cold_start_s: dict[str, float] = field(default_factory=dict)  # each pod's, from its log once ready
+    cpu: list[tuple[float, float, float]] = field(default_factory=list)  # (t, node busy s, pods' s), summed
+
+    def others_cores(self) -> float:
+        """Cores the node spent outside the stable pods, on average, from the first send until the
+        last answer."""
+        answered = [s + x for s, x in zip(self.sends, self.latency, strict=True) if x is not None]
+        end = max(answered, default=self.sends[-1] if self.sends else 0.0)
+        span = [c for c in self.cpu if c[0] <= end]
+        if len(span) < 2 or span[-1][0] <= span[0][0]:
+            return 0.0
+        (t0, busy0, pods0), (t1, busy1, pods1) = span[0], span[-1]
+        return max(0.0, ((busy1 - busy0) - (pods1 - pods0)) / (t1 - t0))
+
+    def first_cold_start_s(self) -> float:
+        """The cold start of the pod started from zero, beside nothing else of ours (the first ready)."""
+        return next(iter(self.cold_start_s.values()))
 
     def pods_at(self, t: float) -> tuple[int, int]:
         """(pods kept, ready) at the last sample taken at or before t."""
@@ -64,6 +87,44 @@ class Replay:
             "cold_start_waits": sum(1 for t in self.sends if self.pods_at(t)[1] == 0),
             "answers": {str(c): self.status.count(c) for c in sorted(set(self.status))},
         }
+
+
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _node_busy_s() -> float:
+    """CPU seconds the machine has spent busy since boot, all cores (/proc/stat: not idle or iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) * _TICK_S
+
+
+class _PodCpu:
+    """The CPU seconds the processes of given pods have used, summed over every process seen: a pod
+    gone at zero keeps what its processes used while it lived."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, float] = {}
+        self.total = 0.0
+
+    def sample(self, uids: set[str]) -> float:
+        # The kubelet names a pod's cgroup pod<uid> (cgroupfs) or ...pod<uid with _>.slice (systemd).
+        marks = {f"pod{u}" for u in uids} | {f"pod{u.replace('-', '_')}" for u in uids}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+                if not any(m in cgroup for m in marks):
+                    continue
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            fields = stat[stat.rindex(")") + 2 :].split()
+            used = (int(fields[11]) + int(fields[12])) * _TICK_S
+            self.total += used - self._last.get(pid, 0.0)
+            self._last[pid] = used
+        return self.total
 
 
 def replay(
@@ -94,9 +155,15 @@ def replay(
         if response.status_code == 200:
             result.latency[i] = time.time() - sent
 
+    pod_cpu = _PodCpu()
+    uids: set[str] = set()
+    busy_at_start = _node_busy_s()
+
     def watch() -> None:
         while True:
             pods = stable_pods(cluster)
+            uids.update(p["metadata"]["uid"] for p in pods)
+            result.cpu.append((time.time() - started, _node_busy_s() - busy_at_start, pod_cpu.sample(uids)))
             kept = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
             for pod in kept:
                 name = pod["metadata"]["name"]

@@ -11,17 +11,20 @@ The traces, from zero, with the sentence the other e2e tests send (44 characters
   measured on the canary (one core: 0.22 s per sentence on a quiet node, 0.55 s on a loaded one, so
   a fixed rate would be a burst on one machine and steady traffic on another).
 
-Given to the simulator, not predicted: the cold start the replay's pods had (from their logs; CPU
-contention while pods start is not modelled, tests/e2e/test_simulator.py says why), the node's
-cores (node.cpus: four busy pods of one core each share two), and for the keda flavour the phase
-of the HPA's 15-second sync loop (set by when kube-controller-manager started).
+Given to the simulator, not predicted:
+- a pod's cold start alone on this node: the one-request trace's pod (from its log; each trace's
+  first pod where that trace has not run). Pods started beside busy ones are slower; the simulator
+  predicts by how much (tts_ops/simulate/node.py);
+- the cores the node left to the predictor pods: its two, less what everything else took during the
+  replay (the control plane, the data path, the replay's own client and watcher; testing/replay.py);
+- for the keda flavour, the phase of the HPA's 15-second sync loop (set by when
+  kube-controller-manager started).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +45,11 @@ TRACES = {
     # {rate}: BURST_LOAD pods' worth of requests, from the measured profile.
     "burst beyond one pod": "poisson:rate={rate:.2f},duration=40,chars=" + str(len(SENTENCE)) + ",seed=7",
 }
-BURST_LOAD = 1.6  # beyond one pod, inside what the node's two cores serve (one core a pod)
+BURST_LOAD = 1.6  # beyond one pod, within the three (maxReplicas) that fit the node beside the rest
 METRICS = ("latency_p50_s", "latency_p99_s", "max_replicas", "replica_seconds", "cold_start_waits")
 HPA_SYNC_S = 15.0  # kube-controller-manager's --horizontal-pod-autoscaler-sync-period (default)
+# A pod's cold start alone on this node, per overlay: the first trace's (one request after idle).
+COLD_ALONE_S: dict[str, float] = {}
 
 
 def _calibrate(
@@ -62,9 +67,9 @@ def _calibrate(
     replayed = replay(cluster, flavour.url, flavour.host, traffic.times, SENTENCE)
     measured = replayed.summary()
     assert replayed.cold_start_s, "no pod became ready"
-    cold = statistics.mean(replayed.cold_start_s.values())
-    # The node's cores, which every pod of the replay shares (each may take one: its CPU limit).
-    overrides = [f"node.cpus={os.cpu_count()}"]
+    alone = COLD_ALONE_S.setdefault(overlay, replayed.first_cold_start_s())
+    cores = os.cpu_count() or 1
+    overrides = [f"node.cpus={cores - replayed.others_cores():.2f}"]
     if overlay.startswith("keda"):
         up = next((t for t, kept, _ in replayed.samples if kept > 1), None)
         if up is not None:
@@ -72,13 +77,14 @@ def _calibrate(
     # The replay sends at the times it could, a few milliseconds late: the simulator gets those.
     actual = trace.Trace(sorted(replayed.sends), traffic.chars, f"{name} as sent")
     predicted = simulate_overlay(
-        ROOT / overlay, actual, dataclasses.replace(prof, cold_start_s=cold), *overrides
+        ROOT / overlay, actual, dataclasses.replace(prof, cold_start_s=alone), *overrides
     )
 
     comparison = {m: (measured[m], predicted[m]) for m in METRICS}
     report.setdefault("calibration", {}).setdefault(overlay, {})[name] = {
         **{m: list(v) for m, v in comparison.items()},
-        "cold_start_s (given)": round(cold, 2),
+        "cold_start_s (given: alone)": round(alone, 2),
+        "cold_start_s (the replay's pods)": [round(x, 2) for x in replayed.cold_start_s.values()],
         "answers": measured["answers"],
         "rejected/timed out (predicted)": (predicted["rejected"], predicted["timed_out"]),
         "overrides": overrides,

@@ -74,6 +74,8 @@ def test_load_above_one_pods_capacity_scales_out_and_every_answer_is_200_or_503_
             after += stop.is_set()
             time.sleep(1.0)
 
+    # The pod the test before woke may still serve: the simulator must start where the load did.
+    ready_at_start = len(ready_pods())
     started = time.time()
     threads = [threading.Thread(target=caller) for _ in range(clients)]
     watcher = threading.Thread(target=watch_replicas)
@@ -104,6 +106,7 @@ def test_load_above_one_pods_capacity_scales_out_and_every_answer_is_200_or_503_
     assert all(retry for code, retry in answers if code == 503), "a 503 without Retry-After"
     e2e_report["1->N"] = {
         "clients": clients,
+        "ready_at_start": ready_at_start,
         "second_pod_ready_s": scaled_out,
         "ready_pods_seen": most,
         "max_replicas": max((n for _, n in replicas), default=0),
