@@ -8,8 +8,8 @@ The traces, from zero, with the sentence the other e2e tests send (44 characters
 - one request after idle: what a first caller pays;
 - steady: one request every two seconds for a minute, well inside one pod;
 - a burst beyond one pod: Poisson arrivals for 40 s at 1.6 times what one pod serves, by the profile
-  measured on the canary (one core: 0.22 s per sentence on a quiet node, 0.55 s on a loaded one, so
-  a fixed rate would be a burst on one machine and steady traffic on another).
+  measured on the canary (half a core, as the e2e overlays' pods: 0.45-0.55 s per sentence on a
+  quiet node; a fixed rate would be a burst on one machine and steady traffic on another).
 
 Given to the simulator, not predicted:
 - a pod's cold start alone on this node: the one-request trace's pod (from its log; each trace's
