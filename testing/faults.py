@@ -17,11 +17,18 @@ Faults (``Faults``, swapped at any time with ``set``; connections already open s
 
 ``downstream_bytes`` counts what the server sent towards clients, so a test can tell a resumed
 download (about one artifact's worth) from one started over (more).
+
+With no faults it is a plain TCP proxy, and ``add_target`` makes it a Service as kube-proxy makes one:
+each connection goes to one of the targets picked at random (seeded), and stays with it for its life
+(a pod becoming ready is a target added while connections are open). That is what a keep-alive pool
+in front of a Service meets (the KEDA HTTP add-on's interceptor): requests follow the pool's
+connections, not the endpoints.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import struct
 import threading
@@ -143,8 +150,9 @@ class _Connection:
 class FaultProxy:
     """A TCP proxy on 127.0.0.1 (a free port) to ``host:port``, injecting ``Faults``; a context manager."""
 
-    def __init__(self, host: str, port: int, faults: Faults | None = None):
-        self.target = (host, port)
+    def __init__(self, host: str, port: int, faults: Faults | None = None, seed: int = 0):
+        self.targets = [(host, port)]
+        self._random = random.Random(seed)
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.faults = faults or Faults()
@@ -168,6 +176,11 @@ class FaultProxy:
             self._close_listener()
         elif not new.refuse and self._listener is None:
             self._listen()
+
+    def add_target(self, host: str, port: int) -> None:
+        """Another upstream: each new connection goes to one of the targets, at random."""
+        with self._lock:
+            self.targets.append((host, port))
 
     def clear(self) -> None:
         """No faults any more; stalled connections resume."""
@@ -223,8 +236,10 @@ class FaultProxy:
                 client, _ = listener.accept()
             except OSError:
                 return  # the listener was closed (refuse, or stop)
+            with self._lock:
+                target = self._random.choice(self.targets)
             try:
-                server = socket.create_connection(self.target, timeout=10)
+                server = socket.create_connection(target, timeout=10)
                 server.settimeout(None)
             except OSError:
                 client.close()

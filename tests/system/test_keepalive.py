@@ -3,7 +3,7 @@ takes requests from a keep-alive pool in front of a Service.
 
 The pool is what the KEDA HTTP add-on's interceptor keeps (Go's http.Transport, up to 200 idle
 connections a Service); the Service is kube-proxy's, which picks an endpoint per connection
-(testing/service_proxy.py). A pool filled while one pod was ready holds connections only to it; on the
+(testing/faults.py's proxy with a target per pod). A pool filled while one pod was ready holds connections only to it; on the
 keda flavour's burst (docs/cluster.md) the three pods added later took no request while the first
 answered 503 to almost half.
 """
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from testing.bodies import v2_request
-from testing.service_proxy import service
+from testing.faults import FaultProxy
 
 TEXT = "Connections follow the pool."
 CLIENTS = 6  # the pool's connections: more than one pod runs at once, so the first is busy
@@ -51,8 +51,8 @@ def test_a_pod_added_under_load_takes_requests_from_a_keep_alive_pool(start_pred
     first = start_predictor(ENGINE="onnx", REVISION="first", CLOSE_WHEN_BUSY=close_when_busy)
     added = start_predictor(ENGINE="onnx", REVISION="added", CLOSE_WHEN_BUSY=close_when_busy)
     limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
-    with service([first.http_port]) as svc, httpx.Client(timeout=60, limits=limits) as pool:
-        url = f"http://127.0.0.1:{svc.port}"
+    with FaultProxy("127.0.0.1", first.http_port) as svc, httpx.Client(timeout=60, limits=limits) as pool:
+        url = svc.endpoint
         # A lone request on an idle pod keeps its connection: nothing to spread.
         alone = pool.post(url + "/v2/models/tts/infer", json=v2_request(TEXT))
         assert alone.headers.get("connection") != "close", alone.headers
@@ -60,7 +60,7 @@ def test_a_pod_added_under_load_takes_requests_from_a_keep_alive_pool(start_pred
         before: Counter[str] = Counter()
         _load(url, pool, 2 * CLIENTS, before)
         assert before == {"first": 2 * CLIENTS}
-        svc.add_endpoint(added.http_port)
+        svc.add_target("127.0.0.1", added.http_port)
         after: Counter[str] = Counter()
         _load(url, pool, AFTER, after)
 

@@ -254,7 +254,7 @@ def _spread(sim: simulator.Simulation) -> simulator.Simulation:
     def least_busy() -> pods.Pod | None:
         return min(sim._ready_pods(), key=lambda p: p.in_flight, default=None)
 
-    sim._least_loaded = least_busy  # type: ignore[method-assign]
+    sim._pick_pod = least_busy  # type: ignore[method-assign]
     return sim
 
 

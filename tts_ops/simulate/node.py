@@ -37,9 +37,6 @@ class Cores:
         self._pieces: dict[Hashable, _Piece] = {}
         self._since = 0.0
 
-    def __len__(self) -> int:
-        return len(self._pieces)
-
     def __contains__(self, key: Hashable) -> bool:
         return key in self._pieces
 

@@ -189,7 +189,7 @@ class Simulation:
                     pod.state = "draining"
 
     def _gone(self, pod: Pod) -> None:
-        cold = ("cold start", pod.id, 0)
+        cold = _cold_start(pod)
         if cold in self.cores:  # scaled away while starting
             self.owners.pop(cold)
             self._timed(self.cores.end(self.now, cold))
@@ -258,9 +258,9 @@ class Simulation:
         if pod.state != "starting":
             return  # scaled away before its container started
         pod.container_s = self.now
-        self._work(("cold start", pod.id, 0), pod, self.timing.cold_start_s, self.v["pod.cpus"])
+        self._work(_cold_start(pod), pod, self.timing.cold_start_s, self.v["pod.cpus"])
 
-    def _least_loaded(self) -> Pod | None:
+    def _pick_pod(self) -> Pod | None:
         """The pod the next request goes to. Knative's activator picks the least loaded; the KEDA
         interceptor sends to the Service, where kube-proxy picks a ready pod at random for each new
         connection (and a busy pod closes its connections: Settings.close_when_busy), so any ready pod,
@@ -283,7 +283,7 @@ class Simulation:
         cap = self._capacity()
         for queue, rejecting in ((self.held, self.full_pod_refuses), (self.kafka, False)):
             while queue:
-                pod = self._least_loaded()
+                pod = self._pick_pod()
                 if pod is None:
                     return
                 i = queue[0]
@@ -311,7 +311,7 @@ class Simulation:
         self.arrivals_count += 1
         if self.flavour == "knative":
             self._push(self.now + self.v["kpa.revision_timeout_s"], _TIMEOUT, i)
-        pod = self._least_loaded()
+        pod = self._pick_pod()
         if self.flavour == "keda" and not self.is_event[i]:
             # The add-on's scaler streams the interceptor's activity to KEDA (external-push), so
             # every HTTP request counts as activity at once, not only those in flight at a poll.
@@ -572,6 +572,11 @@ class Simulation:
             self.now,
             self.timeline,
         )
+
+
+def _cold_start(pod: Pod) -> tuple[str, int, int]:
+    """The key of a pod's cold start among the node's work (a synthesis's is ("synthesis", pod, i))."""
+    return ("cold start", pod.id, 0)
 
 
 def _rules(v: dict[str, Any], prefix: str) -> hpa.Rules:
