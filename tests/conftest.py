@@ -91,14 +91,52 @@ def published_voice(s3_server: str, voice_dir: Path) -> str:
         return publish_voice(voice_dir, VOICE_URI, s3_server)
 
 
+class _Predictors:
+    """Every predictor the session started, in order, and the session fixtures' ones that outlive the
+    test or module that first asked for them."""
+
+    def __init__(self) -> None:
+        self.started: list[PredictorProcess] = []
+        self.shared: set[int] = set()
+
+    def stop_after(self, count: int) -> None:
+        """Stop the ones started after the first ``count``, but for the shared ones."""
+        for p in self.started[count:]:
+            if id(p) not in self.shared:
+                p.stop()
+
+
+@pytest.fixture(scope="session")
+def _predictors() -> _Predictors:
+    return _Predictors()
+
+
+# A predictor holds about 0.9 GB; kept to the session's end, the ones single tests and modules start
+# add up past CI's 24 GiB before half the suite has run (the run was killed). Each is stopped when the
+# test or module that started it ends.
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_modules_predictors(_predictors: _Predictors) -> Iterator[None]:
+    count = len(_predictors.started)
+    yield
+    _predictors.stop_after(count)
+
+
+@pytest.fixture(autouse=True)
+def _stop_the_tests_predictors(_predictors: _Predictors) -> Iterator[None]:
+    count = len(_predictors.started)
+    yield
+    _predictors.stop_after(count)
+
+
 @pytest.fixture(scope="session")
 def start_predictor(
-    s3_server: str, published_voice: str, tmp_path_factory: pytest.TempPathFactory
+    s3_server: str, published_voice: str, tmp_path_factory: pytest.TempPathFactory, _predictors: _Predictors
 ) -> Iterator[Callable[..., PredictorProcess]]:
-    """Factory: start a predictor from the published voice; env overrides per call. Stopped at the end.
+    """Factory: start a predictor from the published voice; env overrides per call. Stopped when the
+    test or module that started it ends (a session fixture's, at the session's end: ``_shared``).
 
     The secret key is SECRET, which must never show up in its logs or metrics."""
-    started: list[PredictorProcess] = []
+    started = _predictors.started
 
     def start(wait: bool = True, **env: str) -> PredictorProcess:
         base = {
@@ -135,15 +173,23 @@ def start_predictor(
     assert not bad, f"predictors in JSON mode wrote lines that are not JSON: {bad}"
 
 
+def _shared(predictors: _Predictors, p: PredictorProcess) -> PredictorProcess:
+    """A session fixture's predictor: kept to the session's end, whichever test first asked for it."""
+    predictors.shared.add(id(p))
+    return p
+
+
 @pytest.fixture(scope="session")
-def predictor(start_predictor: Callable[..., PredictorProcess]) -> PredictorProcess:
+def predictor(start_predictor: Callable[..., PredictorProcess], _predictors: _Predictors) -> PredictorProcess:
     """One warm predictor shared by the protocol tests."""
-    return start_predictor()
+    return _shared(_predictors, start_predictor())
 
 
 @pytest.fixture(scope="session")
 def plain_predictor(
-    start_predictor: Callable[..., PredictorProcess], tmp_path_factory: pytest.TempPathFactory
+    start_predictor: Callable[..., PredictorProcess],
+    tmp_path_factory: pytest.TempPathFactory,
+    _predictors: _Predictors,
 ) -> PredictorProcess:
     """A warm predictor with the settings no other one in the suite sets: LOG_FORMAT=text, SHADOW_SINK=
     a directory (``.shadow_dir``), MAX_BATCH_ITEMS=2. One process for the three spares CI's two cores a
@@ -157,7 +203,7 @@ def plain_predictor(
         REVISION="rev-dir",
     )
     p.shadow_dir = shadow_dir  # type: ignore[attr-defined]
-    return p
+    return _shared(_predictors, p)
 
 
 @pytest.fixture(scope="session")
@@ -172,13 +218,14 @@ def quiet_predictor(
     s3_server: str,
     voice_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
+    _predictors: _Predictors,
 ) -> PredictorProcess:
     """A warm predictor of the voice without inference noise, for routes that take no noise parameters."""
     quiet = build_quiet_voice(voice_dir, tmp_path_factory.mktemp("quiet-voice"))
     with pytest.MonkeyPatch.context() as mp:
         _apply_aws_env(mp, s3_server)
         uri = publish_voice(quiet, QUIET_VOICE_URI, s3_server)
-    return start_predictor(VOICE_URI=uri)
+    return _shared(_predictors, start_predictor(VOICE_URI=uri))
 
 
 # --- Prometheus (the Debian package) as a real process (testing/prometheus.py) ----------------
