@@ -325,6 +325,20 @@ def test_a_cold_start_beside_busy_pods_shares_the_nodes_cores():
     assert third_pod_ready_after(2.0) == pytest.approx(1.5, abs=0.01)
 
 
+def test_a_keda_run_is_repeatable_by_its_seed_and_another_seed_is_another_draw():
+    # Four ready pods, 40 requests of 1 s at once: which pods they land on is the random pick.
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    prof = profile.Profile(base_s=1.0, per_char_s=0.0, cold_start_s=1.0, phases_s={})
+
+    def latencies(seed: int) -> list[float | None]:
+        run = {**values, "replicas.start": 4, "replicas.max": 4, "random.seed": seed}
+        return simulator.simulate("keda", run, prof, trace.Trace([0.0] * 40, [10] * 40, "forty")).latencies
+
+    assert latencies(0) == latencies(0)
+    assert len({tuple(latencies(seed)) for seed in range(4)}) > 1
+    assert settings.apply_overrides(values, ["random.seed=3"])["random.seed"] == 3
+
+
 # --- engine workers in a pod -------------------------------------------------------------------
 def _worker_latencies(arrivals: int, workers: int, overlap_factor: float) -> list[float | None]:
     """Latencies of `arrivals` requests at t=0 of 1 s alone each, on one ready knative cpu pod."""

@@ -47,6 +47,11 @@ KEYS: dict[str, tuple[Any, str]] = {
     "replicas.min": (0, "minReplicas / minReplicaCount"),
     "replicas.max": (4, "maxReplicas / maxReplicaCount"),
     "replicas.start": (0, "pods ready when the trace starts (0: scaled to zero)"),
+    "random.seed": (
+        0,
+        "seed of the run's random choices (the ready pod a KEDA request goes to, as kube-proxy picks): "
+        "the same seed, the same run; another seed, another draw of the same traffic",
+    ),
     # --- Knative KPA (knative/serving config-autoscaler defaults unless annotated) ---
     "kpa.metric": ("concurrency", "autoscaling.knative.dev/metric: concurrency | rps"),
     "kpa.target": (100.0, "autoscaling.knative.dev/target (requests in flight, or per second)"),

@@ -145,7 +145,7 @@ class Simulation:
         self.min_pods = values["replicas.min"]
         self.workers = values["pod.engine_workers"] if profile.overlap_factor > 0 else 1
         self.cores = Cores(values["node.cpus"])
-        self.random = random.Random(0)
+        self.random = random.Random(values["random.seed"])
         self.owners: dict[tuple[str, int, int], Pod] = {}  # a piece of work's pod: a synthesis, a cold start
 
     # --- bookkeeping ---------------------------------------------------------------------------
