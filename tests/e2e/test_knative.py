@@ -105,6 +105,9 @@ def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_con
                 in_flight.append(metric_in(exposition, "tts_in_flight_requests"))
             time.sleep(0.5)
 
+    # The pod the test before woke may still serve (retention): the simulator must start where the
+    # burst did.
+    ready_at_start = len([p for p in stable_pods(cluster) if ready(p)])
     started = time.time()
     threads = [threading.Thread(target=caller) for _ in range(clients)]
     watcher = threading.Thread(target=watch)
@@ -141,6 +144,7 @@ def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_con
     assert CONTAINER_CONCURRENCY in in_flight, sorted(set(in_flight))
     e2e_report["knative 1->N"] = {
         "clients": clients,
+        "ready_at_start": ready_at_start,
         "second_pod_ready_s": scaled_out,
         "first_desired_above_one_s": next((t for t, n in desired if n > 1), None),
         "max_desired": max((n for _, n in desired), default=0),
