@@ -14,6 +14,7 @@ the cold start (scheduling, container start, probes, interceptor, HPA), which is
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from tts_ops.simulate import trace
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "keda" / "overlays" / "e2e"
+SEEDS = 5
 
 
 def _simulate(traffic: trace.Trace, prof: profiles.Profile, *overrides: str) -> dict[str, Any]:
@@ -66,13 +68,28 @@ def test_the_scale_out_under_load_is_predicted_within_25_percent(keda_profile, e
     # The load starts beside the pod the 0 -> 1 test woke, if it is still there (its first answer
     # came in half a second); the simulator starts with the pods the cluster had.
     start = load.get("ready_at_start", 0)
-    predicted = _simulate(traffic, busy, f"hpa.first_sync_s={phase}", f"replicas.start={start}")
+    # Which ready pod a request lands on is random (kube-proxy's pick), and moves how far the queue
+    # depth trigger goes: the prediction is the median of SEEDS draws.
+    runs = [
+        _simulate(
+            traffic, busy, f"hpa.first_sync_s={phase}", f"replicas.start={start}", f"random.seed={seed}"
+        )
+        for seed in range(SEEDS)
+    ]
+
+    def predicted(key: str) -> Any:
+        # None (no second pod) where most draws had none.
+        values = [r[key] for r in runs if r[key] is not None]
+        return statistics.median(values) if 2 * len(values) > len(runs) else None
 
     comparison = {
         "cold_start_s (canary, under load)": (keda_profile.cold_start_s, cold_start_s),
-        "max_replicas": (load["max_replicas"], predicted["max_replicas"]),
-        "second_replica_ready_s": (load["second_pod_ready_s"], predicted["second_replica_ready_s"]),
+        "max_replicas": (load["max_replicas"], predicted("max_replicas")),
+        "second_replica_ready_s": (load["second_pod_ready_s"], predicted("second_replica_ready_s")),
     }
+    e2e_report["simulator 1->N draws"] = [
+        {k: r[k] for k in ("max_replicas", "second_replica_ready_s")} for r in runs
+    ]
     e2e_report["simulator 1->N (measured, predicted)"] = comparison
     off = prediction_off(comparison)
     assert not off, f"the simulator is off by more than {TOLERANCE:.0%}: {off}"
