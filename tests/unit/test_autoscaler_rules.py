@@ -251,7 +251,7 @@ def _spread(sim: simulator.Simulation) -> simulator.Simulation:
     """Each request to the least busy pod: where the interceptor's random pick (keda) sends it is not
     what the node's tests are about."""
 
-    def least_busy() -> pods.Pod | None:
+    def least_busy(http: bool = True) -> pods.Pod | None:
         return min(sim._ready_pods(), key=lambda p: p.in_flight, default=None)
 
     sim._pick_pod = least_busy  # type: ignore[method-assign]
@@ -337,6 +337,57 @@ def test_a_keda_run_is_repeatable_by_its_seed_and_another_seed_is_another_draw()
     assert latencies(0) == latencies(0)
     assert len({tuple(latencies(seed)) for seed in range(4)}) > 1
     assert settings.apply_overrides(values, ["random.seed=3"])["random.seed"] == 3
+
+
+def _keda_pods_serving(times: list[float], **overrides: Any) -> tuple[list[int], simulator.Simulation]:
+    """The pod each request of 0.5 s went to, on ready e2e keda pods, and the run."""
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    prof = profile.Profile(base_s=0.5, per_char_s=0.0, cold_start_s=1.0, phases_s={})
+    sim = simulator.Simulation(
+        "keda", {**values, **overrides}, prof, trace.Trace(times, [10] * len(times), "t")
+    )
+    served: dict[int, int] = {}
+    assign = sim._assign
+
+    def noting(pod: pods.Pod, i: int) -> None:
+        served[i] = pod.id
+        assign(pod, i)
+
+    sim._assign = noting  # type: ignore[method-assign]
+    sim.run()
+    return [served[i] for i in range(len(times))], sim
+
+
+def test_keda_requests_one_at_a_time_reuse_the_interceptors_idle_connection_to_one_pod():
+    # Go's pool hands back the connection the last answer returned; kube-proxy picks a pod only when
+    # a connection is dialled. Ten sequential requests on three pods, at random, would all land on one
+    # pod once in 3^9 runs.
+    for seed in range(4):
+        served, _sim = _keda_pods_serving(
+            [float(k) for k in range(10)], **{"replicas.start": 3, "replicas.min": 3, "random.seed": seed}
+        )
+        assert len(set(served)) == 1, (seed, served)
+
+
+def test_an_answer_with_requests_waiting_behind_it_closes_its_connection():
+    # Four at once on one pod: the first two answers leave two and then one more admitted behind the
+    # next (CLOSE_WHEN_BUSY: Connection: close), the last two leave none waiting and go back to the pool.
+    _served, sim = _keda_pods_serving(
+        [0.0] * 4, **{"replicas.start": 1, "replicas.min": 1, "replicas.max": 1}
+    )
+    assert len(sim.idle) == 2
+    _served, sim = _keda_pods_serving(
+        [0.0] * 4, **{"replicas.start": 1, "replicas.min": 1, "replicas.max": 1, "pod.close_when_busy": False}
+    )
+    assert len(sim.idle) == 4
+
+
+def test_the_manifests_close_when_busy_reaches_the_simulator():
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    assert values["pod.close_when_busy"] is True
+    assert settings.apply_overrides(values, ["pod.close_when_busy=false"])["pod.close_when_busy"] is False
+    with pytest.raises(SimulateError, match="expected a bool"):
+        settings.apply_overrides(values, ["pod.close_when_busy=maybe"])
 
 
 # --- engine workers in a pod -------------------------------------------------------------------

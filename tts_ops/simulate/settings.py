@@ -28,6 +28,11 @@ KEYS: dict[str, tuple[Any, str]] = {
     "pod.startup_period_s": (0.0, "s, startupProbe.periodSeconds (0 = no startup probe)"),
     "pod.max_queue": (32, "requests waiting per pod before 503 (MAX_QUEUE)"),
     "pod.request_timeout_s": (30.0, "s, REQUEST_TIMEOUT_S: still queued at the pod after this -> 503"),
+    "pod.close_when_busy": (
+        True,
+        "CLOSE_WHEN_BUSY: a pod with requests waiting answers Connection: close, so the KEDA interceptor's "
+        "keep-alive pool keeps connections only to pods that were not busy when they last answered",
+    ),
     "pod.engine_workers": (
         1,
         "engine calls a pod runs at once: ENGINE_WORKERS, at most one per CPU (CPU_THREADS, else the "
@@ -142,6 +147,7 @@ def defaults() -> dict[str, Any]:
     values = {k: v for k, (v, _) in KEYS.items()}
     values["pod.max_queue"] = Settings.model_fields["max_queue"].default
     values["pod.request_timeout_s"] = Settings.model_fields["request_timeout_s"].default
+    values["pod.close_when_busy"] = Settings.model_fields["close_when_busy"].default
     return values
 
 
@@ -302,6 +308,10 @@ def _read_predictor(isvc: dict, values: dict[str, Any]) -> dict[str, str]:
         values["pod.max_queue"] = int(env["MAX_QUEUE"])
     if "REQUEST_TIMEOUT_S" in env:
         values["pod.request_timeout_s"] = float(env["REQUEST_TIMEOUT_S"])
+    if "CLOSE_WHEN_BUSY" in env:
+        values["pod.close_when_busy"] = _resolved(
+            {"CLOSE_WHEN_BUSY": env["CLOSE_WHEN_BUSY"]}, "the predictor's env"
+        ).close_when_busy
     limits = container.get("resources", {}).get("limits", {})
     values["pod.engine_workers"] = engine_workers(env, limits)
     if "cpu" in limits:
@@ -422,8 +432,10 @@ def parse_value(key: str, raw: str) -> Any:
     try:
         if kind is str:
             return raw
+        if kind is bool:
+            return {"true": True, "1": True, "false": False, "0": False}[raw.strip().lower()]
         if key.endswith("_s"):
             return duration_s(raw, f"--set {key}")
         return kind(float(raw)) if kind is int else kind(raw)
-    except (ValueError, SimulateError):
+    except (ValueError, KeyError, SimulateError):
         raise SimulateError(f"--set {key}={raw!r}: expected a {kind.__name__}") from None

@@ -146,6 +146,9 @@ class Simulation:
         self.workers = values["pod.engine_workers"] if profile.overlap_factor > 0 else 1
         self.cores = Cores(values["node.cpus"])
         self.random = random.Random(values["random.seed"])
+        # The KEDA interceptor's idle keep-alive connections, each to the pod kube-proxy picked when it
+        # was dialled, newest last (_pick_pod).
+        self.idle: list[Pod] = []
         self.owners: dict[tuple[str, int, int], Pod] = {}  # a piece of work's pod: a synthesis, a cold start
 
     # --- bookkeeping ---------------------------------------------------------------------------
@@ -260,12 +263,18 @@ class Simulation:
         pod.container_s = self.now
         self._work(_cold_start(pod), pod, self.timing.cold_start_s, self.v["pod.cpus"])
 
-    def _pick_pod(self) -> Pod | None:
-        """The pod the next request goes to. Knative's activator picks the least loaded; the KEDA
-        interceptor sends to the Service, where kube-proxy picks a ready pod at random for each new
-        connection (and a busy pod closes its connections: Settings.close_when_busy), so any ready pod,
-        at random (seeded: a run is repeatable)."""
+    def _pick_pod(self, http: bool = True) -> Pod | None:
+        """The pod the next request goes to. Knative's activator picks the least loaded. The KEDA
+        interceptor sends to the Service through Go's keep-alive pool: it reuses the idle connection
+        returned last (http.Transport takes the newest of a host's idle ones), else dials, and
+        kube-proxy picks a ready pod at random for each new connection (seeded: a run is
+        repeatable). A connection whose pod is gone or draining is dropped. Events come from the
+        broker's own client: a ready pod at random."""
         if self.flavour == "keda":
+            while http and self.idle:
+                pod = self.idle.pop()
+                if pod.state == "ready":
+                    return pod
             ready = self._ready_pods()
             return self.random.choice(ready) if ready else None
         best = None
@@ -283,8 +292,7 @@ class Simulation:
         cap = self._capacity()
         for queue, rejecting in ((self.held, self.full_pod_refuses), (self.kafka, False)):
             while queue:
-                pod = self._pick_pod()
-                if pod is None:
+                if not self._ready_pods():
                     return
                 i = queue[0]
                 waited = self.now - self.trace.times[i]
@@ -296,6 +304,9 @@ class Simulation:
                     queue.popleft()  # the interceptor gave up on it (502)
                     self._reject(i)
                     continue
+                pod = self._pick_pod(http=queue is self.held)
+                if pod is None:
+                    return
                 if pod.in_flight >= cap:
                     if rejecting:
                         queue.popleft()
@@ -311,7 +322,7 @@ class Simulation:
         self.arrivals_count += 1
         if self.flavour == "knative":
             self._push(self.now + self.v["kpa.revision_timeout_s"], _TIMEOUT, i)
-        pod = self._pick_pod()
+        pod = self._pick_pod(http=not self.is_event[i])
         if self.flavour == "keda" and not self.is_event[i]:
             # The add-on's scaler streams the interceptor's activity to KEDA (external-push), so
             # every HTTP request counts as activity at once, not only those in flight at a poll.
@@ -375,6 +386,11 @@ class Simulation:
             else:
                 self.latency[i] = lat
         pod.running -= 1
+        # The answer's connection goes back to the interceptor's pool, unless the pod has requests
+        # waiting and says Connection: close (CLOSE_WHEN_BUSY).
+        closes = self.v["pod.close_when_busy"] and pod.running + len(pod.queue) > self.workers
+        if self.flavour == "keda" and not self.is_event[i] and pod.state == "ready" and not closes:
+            self.idle.append(pod)
         # The predictor drops requests still queued after REQUEST_TIMEOUT_S (503).
         while pod.queue and self.now - self.forwarded[pod.queue[0]] > self.v["pod.request_timeout_s"]:
             self._reject(pod.queue.popleft())
