@@ -382,6 +382,22 @@ def test_an_answer_with_requests_waiting_behind_it_closes_its_connection():
     assert len(sim.idle) == 4
 
 
+def test_requests_the_interceptor_held_at_zero_reach_the_first_pod_in_no_particular_order():
+    # Each waits in its own goroutine until an endpoint is ready; they wake together. Oldest first,
+    # the answers would come in arrival order in every run.
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    prof = profile.Profile(base_s=0.5, per_char_s=0.0, cold_start_s=1.0, phases_s={})
+    times = [0.1 * k for k in range(6)]
+    orders = set()
+    for seed in range(4):
+        run = {**values, "replicas.max": 1, "random.seed": seed}
+        latencies = simulator.simulate("keda", run, prof, trace.Trace(times, [10] * 6, "held")).latencies
+        answered = [t + x for t, x in zip(times, latencies, strict=True) if x is not None]
+        assert len(answered) == 6
+        orders.add(tuple(sorted(range(6), key=lambda k: answered[k])))
+    assert orders != {tuple(range(6))} and len(orders) > 1
+
+
 def test_the_manifests_close_when_busy_reaches_the_simulator():
     _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
     assert values["pod.close_when_busy"] is True

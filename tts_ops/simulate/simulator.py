@@ -290,6 +290,10 @@ class Simulation:
 
     def _dispatch(self) -> None:
         cap = self._capacity()
+        if self.flavour == "keda" and len(self.held) > 1 and self._ready_pods():
+            # The interceptor's waiting requests all wake when an endpoint is ready, each in its own
+            # goroutine: they reach the pod in no particular order, not oldest first.
+            self.random.shuffle(self.held)
         for queue, rejecting in ((self.held, self.full_pod_refuses), (self.kafka, False)):
             while queue:
                 if not self._ready_pods():
