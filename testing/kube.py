@@ -144,6 +144,8 @@ def port_forward(cluster: Cluster, namespace: str, pod: str, port: int) -> Itera
 
 SAMPLE_RATE = 22050  # the default voice's
 INFER = "/v2/models/{model_name}/infer"
+# The sentence every e2e request sends (44 characters): profiles, traces and replays are timed on it.
+SENTENCE = "The quick brown fox jumps over the lazy dog."
 
 
 def wake_from_zero(cluster: Cluster, infer: Callable[[str], Any], text: str) -> dict[str, Any]:

@@ -61,6 +61,16 @@ class Replay:
         """The cold start of the pod started from zero, beside nothing else of ours (the first ready)."""
         return next(iter(self.cold_start_s.values()))
 
+    def alone_cold_start_s(self) -> float | None:
+        """The first pod's cold start if no other pod was kept until it was ready (a pod of ours
+        starting beside nothing else of ours), else None."""
+        for _t, kept, ready_n in self.samples:
+            if ready_n:
+                return self.first_cold_start_s() if kept == 1 else None
+            if kept > 1:
+                return None
+        return None
+
     def pods_at(self, t: float) -> tuple[int, int]:
         """(pods kept, ready) at the last sample taken at or before t."""
         kept = ready_n = 0

@@ -18,6 +18,7 @@ from testing.bodies import v2_request
 from testing.kube import (
     INFER,
     NAMESPACE,
+    SENTENCE,
     at_zero,
     condition_true,
     eventually,
@@ -31,7 +32,6 @@ from testing.predictor import metric_in
 from testing.process import REPO
 from tts_ops.simulate import settings
 
-SENTENCE = "The quick brown fox jumps over the lazy dog."
 SERVICE = "tts-predictor"  # the Knative Service KServe makes for InferenceService tts
 # As the deployed overlay renders it (knative/overlays/cpu sets it, e2e inherits it).
 CONTAINER_CONCURRENCY = settings.read(REPO / "knative/overlays/e2e").values["kpa.container_concurrency"]

@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from testing.kube import SENTENCE
 from testing.prediction import TOLERANCE, figures, simulate_overlay, within
 from testing.prediction import off as prediction_off
 from tts_ops.simulate import profile as profiles
@@ -30,7 +31,7 @@ def _figures(e2e_report: dict[str, Any], key: str) -> Any:
 
 def test_knative_the_first_request_from_zero_is_predicted_within_25_percent(knative_profile, e2e_report):
     woke = _figures(e2e_report, "knative 0->1")
-    chars = len("The quick brown fox jumps over the lazy dog.")
+    chars = len(SENTENCE)
     woken = dataclasses.replace(knative_profile, cold_start_s=woke["predictor_cold_start_s"])
 
     predicted = _simulate(trace.Trace([0.0], [chars], "one request at zero"), woken)

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import time
 
-from testing.kube import NAMESPACE, condition_true, eventually
+from testing.kube import NAMESPACE, SENTENCE, condition_true, eventually
 
-SENTENCE = "The quick brown fox jumps over the lazy dog."
 TIMEOUT_S = 3
 
 

@@ -16,6 +16,7 @@ import httpx
 from testing.bodies import v2_request
 from testing.kube import (
     NAMESPACE,
+    SENTENCE,
     STABLE_DEPLOYMENT,
     at_zero,
     eventually,
@@ -26,7 +27,6 @@ from testing.kube import (
     wake_from_zero,
 )
 
-SENTENCE = "The quick brown fox jumps over the lazy dog."
 SPEECH = "/v1/audio/speech"
 
 

@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from testing.kube import SENTENCE
 from testing.prediction import TOLERANCE, figures, simulate_overlay, within
 from testing.prediction import off as prediction_off
 from tts_ops.simulate import profile as profiles
@@ -38,7 +39,7 @@ def _figures(e2e_report: dict[str, Any], key: str) -> Any:
 
 def test_the_first_request_from_zero_is_predicted_within_25_percent(keda_profile, e2e_report):
     measured = _figures(e2e_report, "0->1")["answered_s"]
-    chars = len("The quick brown fox jumps over the lazy dog.")
+    chars = len(SENTENCE)
 
     woken = dataclasses.replace(keda_profile, cold_start_s=e2e_report["0->1"]["predictor_cold_start_s"])
     predicted = _simulate(trace.Trace([0.0], [chars], "one request at zero"), woken)

@@ -23,10 +23,9 @@ import pytest
 
 from testing.audio import speech_problems
 from testing.bodies import audio_of
-from testing.kube import NAMESPACE, at_zero, eventually, ready, stable_pods
+from testing.kube import NAMESPACE, SENTENCE, at_zero, eventually, ready, stable_pods
 from testing.predictor import metric_in
 
-SENTENCE = "The quick brown fox jumps over the lazy dog."
 SAMPLE_RATE = 22050  # the default voice's
 
 
