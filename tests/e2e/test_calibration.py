@@ -106,7 +106,13 @@ def _calibrate(
             for seed in range(seeds)
         ]
         runs.append(
-            {"measured": measured, "predicted": predicted, "overrides": overrides, "replayed": replayed}
+            {
+                "measured": measured,
+                "predicted": predicted,
+                "overrides": overrides,
+                "replayed": replayed,
+                "alone": alone,
+            }
         )
         # Every request got an answer: 200, or on the keda flavour the pod's 503 when its queue is full
         # (the simulator's `rejected`); never a dropped connection or a gateway error.
@@ -126,6 +132,7 @@ def _calibrate(
         "replays": [
             {
                 **{m: [r["measured"][m], [p[m] for p in r["predicted"]]] for m in METRICS},
+                "cold_start_s (given: alone)": round(r["alone"], 2),
                 "cold_start_s (the replay's pods)": [
                     round(x, 2) for x in r["replayed"].cold_start_s.values()
                 ],
