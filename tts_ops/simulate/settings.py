@@ -54,8 +54,9 @@ KEYS: dict[str, tuple[Any, str]] = {
     "replicas.start": (0, "pods ready when the trace starts (0: scaled to zero)"),
     "random.seed": (
         0,
-        "seed of the run's random choices (the ready pod a KEDA request goes to, as kube-proxy picks): "
-        "the same seed, the same run; another seed, another draw of the same traffic",
+        "seed of the run's random choices (the ready pod kube-proxy picks for a new KEDA connection, the "
+        "order held requests reach the first pod in): the same seed, the same run; another seed, another "
+        "draw of the same traffic",
     ),
     # --- Knative KPA (knative/serving config-autoscaler defaults unless annotated) ---
     "kpa.metric": ("concurrency", "autoscaling.knative.dev/metric: concurrency | rps"),
