@@ -24,8 +24,8 @@ times that queued (pkg/queue/sharedmain buildBreaker) and answers 503 beyond. Wi
 `containerConcurrency` 0 neither limits a pod: the predictor's own MAX_QUEUE answers 503.
 
 Simplifications, each on the side of the autoscaler under study rather than the predictor:
-requests go to the least-loaded ready pod under Knative (its activator balances so) and to a ready pod
-at random under KEDA (the interceptor sends to the Service); network hops cost nothing; a pod removed by a scale-down finishes its queue (the drain)
+requests go to the least-loaded ready pod under Knative (its activator balances so) and under KEDA
+through the interceptor's keep-alive pool to the Service (_pick_pod); network hops cost nothing; a pod removed by a scale-down finishes its queue (the drain)
 and costs replica-seconds until then.
 """
 
@@ -392,7 +392,7 @@ class Simulation:
         pod.running -= 1
         # The answer's connection goes back to the interceptor's pool, unless the pod has requests
         # waiting and says Connection: close (CLOSE_WHEN_BUSY).
-        closes = self.v["pod.close_when_busy"] and pod.running + len(pod.queue) > self.workers
+        closes = self.v["pod.close_when_busy"] and pod.in_flight > self.workers
         if self.flavour == "keda" and not self.is_event[i] and pod.state == "ready" and not closes:
             self.idle.append(pod)
         # The predictor drops requests still queued after REQUEST_TIMEOUT_S (503).
