@@ -11,30 +11,56 @@ from dataclasses import dataclass, field
 
 
 def _next_probe(t: float, period: float) -> float:
-    """The first tick of a probe run every `period` seconds from container start at or after t."""
+    """The first tick of a probe run every `period` seconds from 0 at or after t."""
     return math.ceil(t / period - 1e-9) * period if period > 0 else t
 
 
 @dataclass
 class PodTiming:
-    schedule_s: float
+    """A pod's start, as the kubelet runs it (kubernetes pkg/kubelet: SyncPod, prober/worker.go,
+    prober_manager.go), in seconds:
+
+    created --schedule_s--> probe workers start --sandbox_s + image_pull_s--> process starts
+    --cold_start_s--> process ready --probes' next tick--> Ready --routed_s--> first request.
+
+    The kubelet starts a pod's probe workers just before it creates the sandbox and the containers,
+    and each ticks every period from then. A startup probe's pass sets the container started and the
+    kubelet then runs the readiness probe at once (a manual trigger), so with a startup probe the pod
+    is Ready at the startup probe's first tick after the process is ready. Without one, the readiness
+    probe runs (the same trigger) when the kubelet sees the container running, at its PLEG's next
+    relist, and ticks from there. Under Knative the readiness probe is queue-proxy's, a container of
+    its own without a startup probe, while the startup probe stays on ours: Ready waits for both
+    (`queue_proxy`)."""
+
+    schedule_s: float  # created -> probe workers start: scheduler, kubelet admission, volumes
     image_pull_s: float
     cold_start_s: float
     readiness_period_s: float
     startup_period_s: float = 0.0  # 0: no startup probe
+    sandbox_s: float = 0.0  # probe workers start -> the process starts: sandbox, network, container
+    routed_s: float = 0.0  # Ready -> the interceptor or the activator sends the pod requests
+    queue_proxy: bool = False  # Knative: the readiness probe runs on queue-proxy's container
+
+    @property
+    def container_after(self) -> float:
+        """Seconds from the probe workers' start to the container's process start."""
+        return self.sandbox_s + self.image_pull_s
 
     def ready_after(self) -> float:
-        """Seconds from creation to Ready: the container starts after scheduling and the pull, the
-        process is ready cold_start_s later, and the probes see it (probed)."""
-        return self.schedule_s + self.image_pull_s + self.probed(self.cold_start_s)
+        """Seconds from creation to the first request the data path can send: the process is ready
+        cold_start_s after its start, the probes see it (probed), and the data path learns of it."""
+        return self.schedule_s + self.probed(self.container_after + self.cold_start_s) + self.routed_s
 
-    def probed(self, process_ready_s: float) -> float:
-        """Seconds from container start to Ready for a process ready ``process_ready_s`` after it: the
-        startup probe, if any, passes at its next tick, and the kubelet marks the pod Ready at the
-        readiness probe's next tick after that (both probes run every period from container start;
-        readiness is not probed until startup has passed)."""
+    def probed(self, process_ready_s: float, seen_s: float | None = None) -> float:
+        """Seconds from the probe workers' start to Ready for a process ready ``process_ready_s``
+        after it, its container seen running by the kubelet ``seen_s`` after it (its start where
+        not given): the docstring above says which probe's tick decides."""
+        seen = self.container_after if seen_s is None else seen_s
+        readiness = seen + _next_probe(process_ready_s - seen, self.readiness_period_s)
+        if self.startup_period_s <= 0:
+            return readiness
         started = _next_probe(process_ready_s, self.startup_period_s)
-        return _next_probe(started, self.readiness_period_s)
+        return max(started, readiness) if self.queue_proxy else started
 
 
 @dataclass
@@ -47,6 +73,7 @@ class Pod:
     queue: deque = field(default_factory=deque)  # request indices waiting for the engine
     removed_s: float | None = None
     container_s: float | None = None  # when its container started (its cold start began)
+    probes_s: float | None = None  # when the kubelet started its probe workers (their ticks' origin)
 
     @property
     def busy(self) -> bool:

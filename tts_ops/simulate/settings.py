@@ -19,10 +19,28 @@ from typing import Any
 
 from tts_ops.simulate.errors import SimulateError
 
+# A pod's start on `make cluster`, medians of the wakes from zero in docs/cluster.md.
+SCHEDULE_S = 0.44
+SANDBOX_S = 0.13
+INTERCEPTOR_ROUTES_S = 0.10
+ACTIVATOR_ROUTES_S = 0.13
+
 # key: (default, unit and where it comes from)
 KEYS: dict[str, tuple[Any, str]] = {
     # --- pods (both flavours) ---
-    "pod.schedule_s": (1.0, "s, pod created -> bound and container created (scheduler + kubelet); assumed"),
+    # Measured on `make cluster` (docs/cluster.md "A pod's start, step by step"): the kubelet's log at
+    # -v=2 against the predictor's own, 9 wakes from zero per flavour.
+    "pod.schedule_s": (
+        SCHEDULE_S,
+        "s, scale-up -> the kubelet starts the pod's probe workers (ReplicaSet, scheduler, kubelet "
+        "admission, volumes; the activator's poke of the autoscaler under Knative); measured",
+    ),
+    "pod.sandbox_s": (
+        SANDBOX_S,
+        "s, the probe workers start -> the container's process starts (sandbox, network, container): "
+        "the startup probe's ticks lead the process by this; measured",
+    ),
+    "pod.relist_s": (1.0, "s, the kubelet's PLEG relist period: it sees a container running at the next one"),
     "pod.image_pull_s": (0.0, "s, image pull; 0 = image already on the node (IfNotPresent, warm pool)"),
     "pod.readiness_period_s": (1.0, "s, readinessProbe.periodSeconds"),
     "pod.startup_period_s": (0.0, "s, startupProbe.periodSeconds (0 = no startup probe)"),
@@ -74,6 +92,18 @@ KEYS: dict[str, tuple[Any, str]] = {
     "kpa.scale_to_zero_grace_s": (30.0, "s, scale-to-zero-grace-period"),
     "kpa.pod_retention_s": (0.0, "s, autoscaling.knative.dev/scale-to-zero-pod-retention-period"),
     "kpa.target_burst_capacity": (200.0, "autoscaling.knative.dev/target-burst-capacity"),
+    "kpa.activator_routes_s": (
+        ACTIVATOR_ROUTES_S,
+        "s, pod Ready -> the activator sends it requests (the private Service's Endpoints, the "
+        "activator's own probe of the pod, its throttler); Ready gates it because a startup probe "
+        "turns the activator's earlier probing off (serving pkg/activator/net/revision_backends.go); "
+        "measured",
+    ),
+    "kpa.activator_probe_s": (
+        0.2,
+        "s, the activator probes a revision's pods not yet healthy this often (revision_backends.go "
+        "probeFrequency); without a startup probe it sends a pod requests at the first that passes",
+    ),
     "kpa.revision_timeout_s": (
         300.0,
         "s, the predictor's `timeout` (Knative revision timeout): slower -> timed_out",
@@ -87,6 +117,20 @@ KEYS: dict[str, tuple[Any, str]] = {
     "keda.scrape_s": (30.0, "s, PodMonitor podMetricsEndpoints[].interval (tts_queue_depth)"),
     "keda.http.target": (0.0, "HTTPScaledObject scalingMetric.concurrency.targetValue (0 = none)"),
     "keda.http.scaledown_period_s": (300.0, "s, HTTPScaledObject scaledownPeriod"),
+    "keda.http.queue_tick_s": (
+        0.5,
+        "s, the add-on scaler's ping of the interceptors' request counts (KEDA_HTTP_QUEUE_TICK_DURATION)",
+    ),
+    "keda.http.stream_interval_s": (
+        0.2,
+        "s, the add-on scaler's push stream to KEDA (KEDA_HTTP_SCALER_STREAM_INTERVAL_MS): a request at "
+        "zero wakes KEDA at the stream's next send after the next ping",
+    ),
+    "keda.http.endpoints_s": (
+        INTERCEPTOR_ROUTES_S,
+        "s, pod Ready -> the interceptor forwards to it (kubelet status, EndpointSlice, the "
+        "interceptor's informer); measured",
+    ),
     # kedacore/http-add-on interceptor/config/timeouts.go defaults; HTTPScaledObject spec.timeouts overrides.
     "keda.http.wait_timeout_s": (
         20.0,

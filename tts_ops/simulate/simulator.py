@@ -44,7 +44,7 @@ from tts_ops.simulate.pods import Pod, PodTiming
 from tts_ops.simulate.profile import Profile
 from tts_ops.simulate.trace import Trace
 
-_WORK, _CONTAINER, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT = range(8)
+_WORK, _CONTAINER, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT, _PUSH = range(9)
 ACTIVATOR_QUEUE = 10_000  # requests the activator holds per revision (breakerQueueDepth)
 QUEUE_PROXY_DEPTH = 10  # queue-proxy queues this many times containerConcurrency
 
@@ -106,6 +106,13 @@ class Result:
         }
 
 
+def _tick_at_or_after(t: float, phase: float, period: float) -> float:
+    """The first tick of a ticker firing at phase + k * period at or after t."""
+    if period <= 0:
+        return t
+    return phase + math.ceil((t - phase) / period - 1e-9) * period
+
+
 class Simulation:
     def __init__(self, flavour: str, values: dict[str, Any], profile: Profile, trace: Trace):
         self.flavour, self.v, self.profile, self.trace = flavour, values, profile, trace
@@ -115,6 +122,9 @@ class Simulation:
             profile.cold_start_s,
             values["pod.readiness_period_s"],
             values["pod.startup_period_s"],
+            sandbox_s=values["pod.sandbox_s"],
+            routed_s=values["keda.http.endpoints_s" if flavour == "keda" else "kpa.activator_routes_s"],
+            queue_proxy=flavour == "knative",
         )
         n = len(trace)
         self.latency: list[float | None] = [None] * n
@@ -146,6 +156,17 @@ class Simulation:
         self.workers = values["pod.engine_workers"] if profile.overlap_factor > 0 else 1
         self.cores = Cores(values["node.cpus"])
         self.random = random.Random(values["random.seed"])
+        # The HTTP add-on scaler's two loops (its ping of the interceptors' counts, its push stream to
+        # KEDA) run on tickers started long before the trace: their phases are a draw of the run.
+        self.ping_phase = self.random.uniform(0, values["keda.http.queue_tick_s"])
+        self.stream_phase = self.random.uniform(0, values["keda.http.stream_interval_s"])
+        # At zero: the scaler's ping that counts the first held request, and its push to KEDA.
+        self.ping_at: float | None = None
+        self.push_at: float | None = None
+        # The kubelet's PLEG relists containers on a ticker of its own (pod.relist_s), and the
+        # activator probes a revision's pods on one of its own (kpa.activator_probe_s).
+        self.relist_phase = self.random.uniform(0, values["pod.relist_s"])
+        self.activator_phase = self.random.uniform(0, values["kpa.activator_probe_s"])
         # The KEDA interceptor's idle keep-alive connections, each to the pod kube-proxy picked when it
         # was dialled, newest last (_pick_pod).
         self.idle: list[Pod] = []
@@ -180,7 +201,8 @@ class Simulation:
                 self.pods.append(pod)
                 self.alive += 1
                 self.pod_starts += 1
-                self._push(self.now + self.timing.schedule_s + self.timing.image_pull_s, _CONTAINER, pod)
+                pod.probes_s = self.now + self.timing.schedule_s
+                self._push(pod.probes_s + self.timing.container_after, _CONTAINER, pod)
             self.max_replicas = max(self.max_replicas, self.alive)
         elif target < len(active):
             # Not-yet-ready pods first (newest first), then the least busy ready ones.
@@ -252,9 +274,19 @@ class Simulation:
         if key[0] == "synthesis":
             self._complete(pod, key[2])
         else:
-            # The process is ready; the kubelet's probes see it at their next ticks.
+            # The process is ready; the kubelet's probes see it at their next ticks, and the
+            # interceptor or the activator a little later (PodTiming).
+            assert pod.probes_s is not None
             assert pod.container_s is not None
-            pod.ready_s = pod.container_s + self.timing.probed(self.now - pod.container_s)
+            if self.flavour == "knative" and self.timing.startup_period_s <= 0:
+                # No startup probe: the activator trusts its own probe of the pod (through
+                # queue-proxy, which runs our readiness probe) before the kubelet's Ready.
+                probe_s = self.v["kpa.activator_probe_s"]
+                pod.ready_s = _tick_at_or_after(self.now, self.activator_phase, probe_s)
+            else:
+                seen = _tick_at_or_after(pod.container_s, self.relist_phase, self.v["pod.relist_s"])
+                probed = self.timing.probed(self.now - pod.probes_s, seen - pod.probes_s)
+                pod.ready_s = pod.probes_s + probed + self.timing.routed_s
             self._push(pod.ready_s, _READY, pod)
 
     def _container_started(self, pod: Pod) -> None:
@@ -459,14 +491,29 @@ class Simulation:
             pod.state, pod.ready_s = "ready", 0.0
 
     def _activate(self) -> None:
-        """The activator (Knative) or the interceptor's push (KEDA): a request at zero starts pods now."""
+        """A request at zero starts pods: the activator's poke (Knative) at once; the HTTP add-on's
+        scaler (KEDA) at its next push after its next ping of the interceptors' counts."""
         if self.flavour == "knative":
             self.to_zero.zero_since = None
             self._scale_to(max(1, self.v["kpa.activation_scale"]))
-        else:
-            target = self.executor.decide(self.now, True, len(self._active_pods()))
-            if target is not None:
-                self._scale_to(target)
+        elif self.push_at is None:
+            # The scaler counts the request at its next ping of the interceptors and tells KEDA at
+            # its stream's next send after that (kedacore/http-add-on scaler: queue_pinger.go pings
+            # every KEDA_HTTP_QUEUE_TICK_DURATION, StreamIsActive sends every
+            # KEDA_HTTP_SCALER_STREAM_INTERVAL_MS); KEDA's own poll sees it from the ping on.
+            self.ping_at = _tick_at_or_after(self.now, self.ping_phase, self.v["keda.http.queue_tick_s"])
+            self.push_at = _tick_at_or_after(
+                self.ping_at, self.stream_phase, self.v["keda.http.stream_interval_s"]
+            )
+            self._push(self.push_at, _PUSH)
+
+    def _keda_pushed(self) -> None:
+        self.push_at = self.ping_at = None
+        if self._active_pods():
+            return  # KEDA's poll saw the ping's count first
+        target = self.executor.decide(self.now, True, len(self._active_pods()))
+        if target is not None:
+            self._scale_to(target)
 
     def _kpa_tick(self) -> None:
         self.history.append((self.now, self.conc_integral, self.arrivals_count))
@@ -497,7 +544,10 @@ class Simulation:
         self.activator_in_path = in_path
 
     def _keda_poll(self) -> None:
-        active = self.triggers.active(self.queue_depth, self._http_concurrency(), len(self.kafka))
+        http = self._http_concurrency()
+        if self.ping_at is not None and self.ping_at > self.now:
+            http = 0  # requests held at zero that the scaler has not counted yet
+        active = self.triggers.active(self.queue_depth, http, len(self.kafka))
         target = self.executor.decide(self.now, active, len(self._active_pods()))
         if target is not None:
             self._scale_to(target)
@@ -576,6 +626,8 @@ class Simulation:
                 self._push(t + sample_s, _SAMPLE)
             elif kind == _TIMEOUT:
                 self._time_out(data)
+            elif kind == _PUSH:
+                self._keda_pushed()
         # Whatever is still held at the end never got an answer.
         for _ in range(len(self.held) + len(self.kafka)):
             self.rejected += 1
