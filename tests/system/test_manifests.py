@@ -435,6 +435,18 @@ def _all_probes(rendered) -> list[tuple[str, str, dict]]:
     return found
 
 
+def test_only_the_knative_stable_predictor_goes_without_a_startup_probe(rendered):
+    # With a startup probe Knative's activator waits for the kubelet's Ready before it sends a woken
+    # pod anything; without, it routes at its own probe (knative/base/kustomization.yaml).
+    for overlay, objects in rendered.items():
+        for isvc in Deployment(objects).kind("InferenceService"):
+            kinds = probes(predictor_container(isvc))
+            mode = isvc["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode")
+            where = f"{overlay} {isvc['metadata']['name']}"
+            assert ("startupProbe" not in kinds) == (mode == "Serverless"), where
+            assert {"readinessProbe", "livenessProbe"} <= kinds.keys(), where
+
+
 def test_probes_answer_as_each_probe_expects_during_and_after_cold_start(rendered, start_predictor):
     # A long warm-up text stretches the window between "serving HTTP" and "warm".
     predictor = start_predictor(wait=False, WARMUP_TEXT=LONG_TEXT)

@@ -211,9 +211,11 @@ def test_without_a_startup_probe_the_activator_routes_to_a_pod_at_its_own_first_
 
 def test_the_manifests_startup_probe_period_reaches_the_simulator():
     _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "cpu")
+    _flavour, knative = settings.from_manifests(ROOT / "knative" / "overlays" / "cpu")
 
     assert values["pod.startup_period_s"] == 1.0
     assert values["pod.readiness_period_s"] == 1.0
+    assert knative["pod.startup_period_s"] == 0.0  # dropped: knative/base/kustomization.yaml
 
 
 def _knative_run(times: list[float], chars: list[int], **overrides: Any) -> dict[str, Any]:
