@@ -182,8 +182,9 @@ def test_a_request_at_keda_zero_wakes_keda_at_the_scalers_next_push_after_its_ne
 
 
 def test_without_a_startup_probe_the_activator_routes_to_a_pod_at_its_own_first_passing_probe():
-    # knative/serving's activator probes a revision's pods every 0.2 s and, with no startup probe,
-    # trusts a pass before the kubelet's Ready (revision_backends.go: enableProbeOptimisation).
+    # knative/serving's activator probes a revision's pods in rounds (0.3 s apart on the cluster)
+    # and, with no startup probe, trusts a pass before the kubelet's Ready (revision_backends.go:
+    # enableProbeOptimisation).
     _flavour, values = settings.from_manifests(ROOT / "knative" / "overlays" / "e2e")
     prof = profile.Profile(base_s=0.5, per_char_s=0.0, cold_start_s=1.0, phases_s={})
 
@@ -203,9 +204,11 @@ def test_without_a_startup_probe_the_activator_routes_to_a_pod_at_its_own_first_
         sim.run()
         return ready[0]
 
-    process_ready = values["pod.schedule_s"] + values["pod.sandbox_s"] + 1.0
+    sandbox = values["pod.sandbox_s"] + values["kpa.queue_proxy_s"]
+    process_ready = values["pod.schedule_s"] + sandbox + 1.0
+    rounds = values["kpa.activator_probe_s"]
     without = first_ready(0.0)
-    assert without == pytest.approx(0.05 + 0.2 * math.ceil((process_ready - 0.05) / 0.2))
+    assert without == pytest.approx(0.05 + rounds * math.ceil((process_ready - 0.05) / rounds))
     assert first_ready(1.0) >= without + values["kpa.activator_routes_s"]
 
 
@@ -295,11 +298,11 @@ def test_without_container_concurrency_the_predictors_own_queue_refuses_the_exce
 def test_keda_counts_the_cooldown_from_the_last_answer_not_the_last_arrival():
     # The add-on reports the host active while a request is in flight: the pod stays 20 s
     # (cooldownPeriod) past the answer, as the cluster's did (tests/e2e/test_calibration.py). The
-    # answer (about 9 s: the pod's start, then 6.9 s) lands after the poll at 5 s and before the one
-    # at 10 s, so counting from the last poll that saw it in flight would end the pod 5 s early.
+    # answer (about 9.6 s: the pod's start, then 6.5 s) lands after the poll at 5 s and before the
+    # one at 10 s, so counting from the last poll that saw it in flight would end the pod 5 s early.
     _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
     assert values["keda.polling_interval_s"] == 5.0
-    prof = profile.Profile(base_s=6.9, per_char_s=0.0, cold_start_s=1.0, phases_s={})
+    prof = profile.Profile(base_s=6.5, per_char_s=0.0, cold_start_s=1.0, phases_s={})
     result = simulator.simulate("keda", values, prof, trace.Trace([0.0], [10], "test"))
     answered = result.latencies[0]
     assert answered is not None

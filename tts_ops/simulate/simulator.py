@@ -122,7 +122,8 @@ class Simulation:
             profile.cold_start_s,
             values["pod.readiness_period_s"],
             values["pod.startup_period_s"],
-            sandbox_s=values["pod.sandbox_s"],
+            sandbox_s=values["pod.sandbox_s"]
+            + (values["kpa.queue_proxy_s"] if flavour == "knative" else 0.0),
             routed_s=values["keda.http.endpoints_s" if flavour == "keda" else "kpa.activator_routes_s"],
             queue_proxy=flavour == "knative",
         )
