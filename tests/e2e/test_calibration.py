@@ -3,7 +3,8 @@ the flavour's real path on the local cluster (testing/replay.py) and through `tt
 the flavour's e2e overlay and a profile measured on the canary pod. For each: p50 and p99 latency, the
 most replicas, replica-seconds and cold-start waits must land within 25 % of the cluster's
 (testing.prediction.TOLERANCE). A trace that scales out is replayed three times, each replay simulated
-with its own inputs (five seeds of the keda model's random pod pick), and the medians are compared:
+with its own inputs (five seeds of the model's random draws: the keda pod pick, the phases of the
+kubelet's, the scaler's and the activator's tickers), and the medians are compared:
 one replay is one draw. The table goes to the e2e report (and from there to the README).
 
 The traces, from zero, with the sentence the other e2e tests send (44 characters):
@@ -54,7 +55,8 @@ BURST_LOAD = 1.6  # beyond one pod, within the three (maxReplicas) that fit the 
 # draws nothing that moves its figures beyond the cold start it gives the rest.
 REPEATS = {"one request after idle": 1, "steady": 3, "burst beyond one pod": 3}
 # The simulator's runs of each replay (`random.seed`): the keda model picks a ready pod at random, as
-# kube-proxy does (the burst's predicted p50 spans 5.8-12.2 s over eight seeds of one input).
+# kube-proxy does (the burst's predicted p50 spans 5.8-12.2 s over eight seeds of one input), and
+# both models draw the phases of the tickers a pod's start waits on (tts_ops/simulate/pods.py).
 SEEDS = 5
 # A pod's cold start alone on this node, per overlay: the first trace's (one request after idle).
 COLD_ALONE_S: dict[str, float] = {}
@@ -94,7 +96,6 @@ def _calibrate(
                 overrides.append(f"hpa.first_sync_s={up % HPA_SYNC_S:.2f}")
         # The replay sends at the times it could, a few milliseconds late: the simulator gets those.
         actual = trace.Trace(sorted(replayed.sends), traffic.chars, f"{name} as sent")
-        seeds = SEEDS if overlay.startswith("keda") else 1  # the knative model draws nothing at random
         predicted = [
             simulate_overlay(
                 ROOT / overlay,
@@ -103,7 +104,7 @@ def _calibrate(
                 *overrides,
                 f"random.seed={seed}",
             )
-            for seed in range(seeds)
+            for seed in range(SEEDS)
         ]
         runs.append(
             {
