@@ -51,33 +51,6 @@ def simulate_overlay(overlay: Path, traffic: Any, prof: Any, *overrides: str) ->
     return simulator.simulate(flavour, values, prof, traffic).summary()
 
 
-# A wake's pod start, predicted against the cluster (testing/wakes.py): the median error over the
-# wakes. The model before the kubelet's steps were timed was 0.25 s (keda) and 0.43 s (knative) off
-# at the median of the same wakes, the model after 0.09 s (keda), 0.06 s (knative with a startup
-# probe) and 0.14 s (without: the flavour as shipped) (docs/cluster.md).
-WAKE_ERROR_S = 0.2
-
-
-def predicted_wakes(overlay: Path, wakes: list[dict[str, Any]], seeds: int = 9) -> list[float]:
-    """Each wake's answer time as the simulator predicts it from zero, given the wake's own cold
-    start and service time (so only the pod's start around them is predicted): the median over
-    `seeds` draws of the run's ticker phases."""
-    from tts_ops.simulate import profile, trace
-
-    predicted = []
-    for woke in wakes:
-        prof = profile.Profile(
-            base_s=woke["service_s"], per_char_s=0.0, cold_start_s=woke["cold_start_s"], phases_s={}
-        )
-        one = trace.Trace([0.0], [1], "one request at zero")
-        runs = [
-            simulate_overlay(overlay, one, prof, f"random.seed={seed}")["first_request_latency_s"]
-            for seed in range(seeds)
-        ]
-        predicted.append(statistics.median(runs))
-    return predicted
-
-
 def figures(e2e_report: dict[str, Any], key: str, producer: str) -> Any:
     """What `producer` measured and put in the e2e report; the test is skipped without it."""
     import pytest

@@ -8,15 +8,14 @@ not modelled): the woken pod's, and the burst's pods' own."""
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from pathlib import Path
 from typing import Any
 
 from cluster import node
 from testing.kube import SENTENCE
-from testing.prediction import TOLERANCE, WAKE_ERROR_S, figures, predicted_wakes, simulate_overlay, within
+from testing.prediction import TOLERANCE, figures, simulate_overlay, within
 from testing.prediction import off as prediction_off
-from testing.wakes import kubelet_verbosity, wake
+from testing.wakes import WAKE_ERROR_S, wakes_against_the_model
 from tts_ops.simulate import profile as profiles
 from tts_ops.simulate import trace
 
@@ -75,15 +74,8 @@ def test_knative_each_wake_from_zero_is_predicted_step_by_step(cluster, knative,
     # The pod's start around its cold start: scheduling, the sandbox, and the activator's own probe of
     # the pod every 0.2 s (no startup probe: knative/base/kustomization.yaml), not the kubelet's Ready
     # (tts_ops/simulate/pods.py). Each wake's own cold start and service time are given.
-    with kubelet_verbosity(cluster, 2):
-        wakes = [
-            wake(cluster, knative.infer, SENTENCE, node.STATE / "logs" / "kubelet.log") for _ in range(WAKES)
-        ]
-    predicted = predicted_wakes(OVERLAY, wakes)
-    errors = [abs(p - w["answered_s"]) for p, w in zip(predicted, wakes, strict=True)]
-
-    e2e_report["knative simulator wakes"] = {
-        "wakes": [{**w, "predicted_s": p} for w, p in zip(wakes, predicted, strict=True)],
-        "median_error_s": statistics.median(errors),
-    }
-    assert statistics.median(errors) <= WAKE_ERROR_S, e2e_report["knative simulator wakes"]
+    wakes = wakes_against_the_model(
+        cluster, knative.infer, OVERLAY, WAKES, node.STATE / "logs" / "kubelet.log"
+    )
+    e2e_report["knative simulator wakes"] = wakes
+    assert wakes["median_error_s"] <= WAKE_ERROR_S, wakes

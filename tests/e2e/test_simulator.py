@@ -20,9 +20,9 @@ from typing import Any
 
 from cluster import node
 from testing.kube import SENTENCE
-from testing.prediction import TOLERANCE, WAKE_ERROR_S, figures, predicted_wakes, simulate_overlay, within
+from testing.prediction import TOLERANCE, figures, simulate_overlay, within
 from testing.prediction import off as prediction_off
-from testing.wakes import kubelet_verbosity, wake
+from testing.wakes import WAKE_ERROR_S, wakes_against_the_model
 from tts_ops.simulate import profile as profiles
 from tts_ops.simulate import trace
 
@@ -103,15 +103,6 @@ def test_each_wake_from_zero_is_predicted_step_by_step(cluster, keda, e2e_report
     # The pod's start around its cold start: the scaler's push, scheduling, the sandbox, the probes'
     # ticks (from the kubelet's probe workers, not the process) and the interceptor's endpoints
     # (tts_ops/simulate/pods.py). Each wake's own cold start and service time are given.
-    with kubelet_verbosity(cluster, 2):
-        wakes = [
-            wake(cluster, keda.infer, SENTENCE, node.STATE / "logs" / "kubelet.log") for _ in range(WAKES)
-        ]
-    predicted = predicted_wakes(OVERLAY, wakes)
-    errors = [abs(p - w["answered_s"]) for p, w in zip(predicted, wakes, strict=True)]
-
-    e2e_report["simulator wakes"] = {
-        "wakes": [{**w, "predicted_s": p} for w, p in zip(wakes, predicted, strict=True)],
-        "median_error_s": statistics.median(errors),
-    }
-    assert statistics.median(errors) <= WAKE_ERROR_S, e2e_report["simulator wakes"]
+    wakes = wakes_against_the_model(cluster, keda.infer, OVERLAY, WAKES, node.STATE / "logs" / "kubelet.log")
+    e2e_report["simulator wakes"] = wakes
+    assert wakes["median_error_s"] <= WAKE_ERROR_S, wakes
