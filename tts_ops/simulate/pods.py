@@ -10,9 +10,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
-def _next_probe(t: float, period: float) -> float:
-    """The first tick of a probe run every `period` seconds from 0 at or after t."""
-    return math.ceil(t / period - 1e-9) * period if period > 0 else t
+def tick_at_or_after(t: float, period: float, phase: float = 0.0) -> float:
+    """The first tick of a ticker firing at phase + k * period at or after t (t itself without one):
+    the kubelet's probes and PLEG, the add-on scaler's loops, the activator's probe rounds."""
+    if period <= 0:
+        return t
+    return phase + math.ceil((t - phase) / period - 1e-9) * period
 
 
 @dataclass
@@ -56,10 +59,10 @@ class PodTiming:
         after it, its container seen running by the kubelet ``seen_s`` after it (its start where
         not given): the docstring above says which probe's tick decides."""
         seen = self.container_after if seen_s is None else seen_s
-        readiness = seen + _next_probe(process_ready_s - seen, self.readiness_period_s)
+        readiness = seen + tick_at_or_after(process_ready_s - seen, self.readiness_period_s)
         if self.startup_period_s <= 0:
             return readiness
-        started = _next_probe(process_ready_s, self.startup_period_s)
+        started = tick_at_or_after(process_ready_s, self.startup_period_s)
         return max(started, readiness) if self.queue_proxy else started
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from tts_ops.simulate import hpa, keda, knative_kpa
 from tts_ops.simulate.node import Cores, Finish
-from tts_ops.simulate.pods import Pod, PodTiming
+from tts_ops.simulate.pods import Pod, PodTiming, tick_at_or_after
 from tts_ops.simulate.profile import Profile
 from tts_ops.simulate.trace import Trace
 
@@ -106,13 +106,6 @@ class Result:
         }
 
 
-def _tick_at_or_after(t: float, phase: float, period: float) -> float:
-    """The first tick of a ticker firing at phase + k * period at or after t."""
-    if period <= 0:
-        return t
-    return phase + math.ceil((t - phase) / period - 1e-9) * period
-
-
 class Simulation:
     def __init__(self, flavour: str, values: dict[str, Any], profile: Profile, trace: Trace):
         self.flavour, self.v, self.profile, self.trace = flavour, values, profile, trace
@@ -161,9 +154,8 @@ class Simulation:
         # KEDA) run on tickers started long before the trace: their phases are a draw of the run.
         self.ping_phase = self.random.uniform(0, values["keda.http.queue_tick_s"])
         self.stream_phase = self.random.uniform(0, values["keda.http.stream_interval_s"])
-        # At zero: the scaler's ping that counts the first held request, and its push to KEDA.
+        # At zero: the scaler's ping that counts the first held request (its push to KEDA is due).
         self.ping_at: float | None = None
-        self.push_at: float | None = None
         # The kubelet's PLEG relists containers on a ticker of its own (pod.relist_s), and the
         # activator probes a revision's pods on one of its own (kpa.activator_probe_s).
         self.relist_phase = self.random.uniform(0, values["pod.relist_s"])
@@ -283,9 +275,9 @@ class Simulation:
                 # No startup probe: the activator trusts its own probe of the pod (through
                 # queue-proxy, which runs our readiness probe) before the kubelet's Ready.
                 probe_s = self.v["kpa.activator_probe_s"]
-                pod.ready_s = _tick_at_or_after(self.now, self.activator_phase, probe_s)
+                pod.ready_s = tick_at_or_after(self.now, probe_s, self.activator_phase)
             else:
-                seen = _tick_at_or_after(pod.container_s, self.relist_phase, self.v["pod.relist_s"])
+                seen = tick_at_or_after(pod.container_s, self.v["pod.relist_s"], self.relist_phase)
                 probed = self.timing.probed(self.now - pod.probes_s, seen - pod.probes_s)
                 pod.ready_s = pod.probes_s + probed + self.timing.routed_s
             self._push(pod.ready_s, _READY, pod)
@@ -497,19 +489,17 @@ class Simulation:
         if self.flavour == "knative":
             self.to_zero.zero_since = None
             self._scale_to(max(1, self.v["kpa.activation_scale"]))
-        elif self.push_at is None:
+        elif self.ping_at is None:
             # The scaler counts the request at its next ping of the interceptors and tells KEDA at
             # its stream's next send after that (kedacore/http-add-on scaler: queue_pinger.go pings
             # every KEDA_HTTP_QUEUE_TICK_DURATION, StreamIsActive sends every
             # KEDA_HTTP_SCALER_STREAM_INTERVAL_MS); KEDA's own poll sees it from the ping on.
-            self.ping_at = _tick_at_or_after(self.now, self.ping_phase, self.v["keda.http.queue_tick_s"])
-            self.push_at = _tick_at_or_after(
-                self.ping_at, self.stream_phase, self.v["keda.http.stream_interval_s"]
-            )
-            self._push(self.push_at, _PUSH)
+            self.ping_at = tick_at_or_after(self.now, self.v["keda.http.queue_tick_s"], self.ping_phase)
+            push_at = tick_at_or_after(self.ping_at, self.v["keda.http.stream_interval_s"], self.stream_phase)
+            self._push(push_at, _PUSH)
 
     def _keda_pushed(self) -> None:
-        self.push_at = self.ping_at = None
+        self.ping_at = None
         if self._active_pods():
             return  # KEDA's poll saw the ping's count first
         target = self.executor.decide(self.now, True, len(self._active_pods()))
