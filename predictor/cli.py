@@ -27,8 +27,10 @@ def cmd_serve(_args: argparse.Namespace) -> int:
 
     for warning in take_deprecations():
         log.warning(warning)
+    from predictor import deferred
     from predictor.serving import coldstart
 
+    deferred.defer()  # before any thread: KServe's pandas and Kubernetes client wait for a first use
     pending = coldstart.begin(settings)  # before the heavy imports below, to overlap with them
 
     import asyncio

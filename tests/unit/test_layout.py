@@ -16,7 +16,7 @@ RUNTIME, OPS = "predictor", "tts_ops"
 FLOORS: dict[str, list[set[str]]] = {
     # What `serve`, `publish`, `fetch` and `synth` run; the image carries this package alone.
     RUNTIME: [
-        {"config", "errors", "text", "ssml"},
+        {"config", "errors", "text", "ssml", "deferred"},
         {"observability"},
         {"storage"},
         {"audio"},
