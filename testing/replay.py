@@ -11,6 +11,10 @@ summary keys, defined the same way on both sides:
 - replica-seconds: the integral of those pods from the first send until none is left;
 - cold-start waits: requests sent while no pod was ready (the simulator's "no ready pod at arrival").
 
+Where an HPA scales the pods (the keda flavour), its status updates are watched too (`hpa_updates`):
+only the HPA controller writes an HPA's status, at the end of a sync that changed it, so they mark
+when it syncs (every 15 s, at a phase set when the HPA was made).
+
 The node's CPU is sampled with the pods (`cpu`): all of it (/proc/stat: the node runs on this
 machine's kernel) and the stable pods' processes' own (found by their pod uid in /proc/PID/cgroup).
 What the rest took (the control plane, the data path, this replay and its watcher's kubectl) is
@@ -23,6 +27,7 @@ outside both models of autoscaling."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -45,6 +50,8 @@ class Replay:
     samples: list[tuple[float, int, int]] = field(default_factory=list)  # (t, pods kept, ready)
     cold_start_s: dict[str, float] = field(default_factory=dict)  # each pod's, from its log once ready
     cpu: list[tuple[float, float, float]] = field(default_factory=list)  # (t, node busy s, pods' s), summed
+    started: float = 0.0  # epoch seconds of the first scheduled send: the other times count from it
+    hpa_updates: list[float] = field(default_factory=list)  # the HPA's status writes, as `sends`
 
     def others_cores(self) -> float:
         """Cores the node spent outside the stable pods, on average, from the first send until the
@@ -185,9 +192,10 @@ def replay(
                 return
             time.sleep(SAMPLE_S)
 
-    started = time.time()
+    started = result.started = time.time()
     watcher = threading.Thread(target=watch)
     watcher.start()
+    hpa_watch = _watch_hpa_status(cluster, result)
     senders = [threading.Thread(target=send, args=(i,)) for i in range(n)]
     for thread in senders:
         thread.start()
@@ -196,6 +204,26 @@ def replay(
     client.close()
     done.set()
     watcher.join(to_zero_s)
+    hpa_watch.terminate()
+    hpa_watch.wait(10)
     assert not watcher.is_alive(), f"not back at zero {to_zero_s:.0f} s after the last answer"
     eventually("zero replicas", lambda: at_zero(cluster), to_zero_s)
     return result
+
+
+def _watch_hpa_status(cluster: Cluster, result: Replay) -> subprocess.Popen:
+    """`kubectl get hpa --watch-only` in the namespace: the arrival time of each event (one line each,
+    the HPA controller's status writes) goes to result.hpa_updates. None arrive without an HPA."""
+    proc = subprocess.Popen(
+        [cluster.kubectl_path, f"--kubeconfig={cluster.kubeconfig}", "-n", NAMESPACE, "get", "hpa",
+         "--watch-only", "-o", "jsonpath={.metadata.name}{'\\n'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for _line in proc.stdout:
+            result.hpa_updates.append(time.time() - result.started)
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc

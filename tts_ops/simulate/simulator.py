@@ -416,8 +416,10 @@ class Simulation:
                 self.latency[i] = lat
         pod.running -= 1
         # The answer's connection goes back to the interceptor's pool, unless the pod has requests
-        # waiting and says Connection: close (CLOSE_WHEN_BUSY).
-        closes = self.v["pod.close_when_busy"] and pod.in_flight > self.workers
+        # waiting and says Connection: close (CLOSE_WHEN_BUSY). The pod decides as the answer
+        # starts, while this request still counts as admitted: it closes if any other is there
+        # beyond its workers' share, hence in_flight (which no longer counts this one) + 1.
+        closes = self.v["pod.close_when_busy"] and pod.in_flight + 1 > self.workers
         if self.flavour == "keda" and not self.is_event[i] and pod.state == "ready" and not closes:
             self.idle.append(pod)
         # The predictor drops requests still queued after REQUEST_TIMEOUT_S (503).
