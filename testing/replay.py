@@ -9,7 +9,11 @@ summary keys, defined the same way on both sides:
 - latency p50/p99: over answered (200) requests, send to last byte;
 - max replicas: the most pods at once that the autoscaler kept (not being deleted);
 - replica-seconds: the integral of those pods from the first send until none is left;
-- cold-start waits: requests sent while no pod was ready (the simulator's "no ready pod at arrival").
+- cold-start waits: requests sent while no pod could take one (the simulator's "no ready pod at
+  arrival"): sent before the first answer less one synthesis (`service_s`, the profile's), which is
+  when the held requests reached the first pod. Not the pods' Ready as the watcher samples it: a
+  sample every ~1.2 s (kubectl and /proc take most of SAMPLE_S) marks it up to that much late, and
+  Knative's activator routes on its own probe before the kubelet's Ready.
 
 Where an HPA scales the pods (the keda flavour), its status updates are watched too (`hpa_updates`):
 only the HPA controller writes an HPA's status, at the end of a sync that changed it, so they mark
@@ -78,19 +82,17 @@ class Replay:
                 return None
         return None
 
-    def pods_at(self, t: float) -> tuple[int, int]:
-        """(pods kept, ready) at the last sample taken at or before t."""
-        kept = ready_n = 0
-        for ts, k, r in self.samples:
-            if ts > t:
-                break
-            kept, ready_n = k, r
-        return kept, ready_n
+    def first_served_s(self, service_s: float) -> float | None:
+        """When the first pod took its first request: the first answer, less the synthesis it took."""
+        answered = [s + x for s, x in zip(self.sends, self.latency, strict=True) if x is not None]
+        return min(answered) - service_s if answered else None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, service_s: float) -> dict[str, Any]:
+        """The simulator's summary keys; `service_s`: one request's synthesis on a pod (the profile's)."""
         from tts_ops.simulate.simulator import percentile
 
         done = sorted(x for x in self.latency if x is not None)
+        served = self.first_served_s(service_s)
         seconds = 0.0
         for (t0, kept, _), (t1, _, _) in zip(self.samples, self.samples[1:], strict=False):
             seconds += kept * (t1 - t0)
@@ -101,7 +103,7 @@ class Replay:
             "latency_p99_s": percentile(done, 0.99),
             "max_replicas": max((k for _, k, _ in self.samples), default=0),
             "replica_seconds": round(seconds, 1),
-            "cold_start_waits": sum(1 for t in self.sends if self.pods_at(t)[1] == 0),
+            "cold_start_waits": sum(1 for t in self.sends if served is None or t < served),
             "answers": {str(c): self.status.count(c) for c in sorted(set(self.status))},
         }
 

@@ -80,7 +80,7 @@ def _calibrate(
     runs: list[dict[str, Any]] = []
     for _ in range(REPEATS[name]):
         replayed = replay(cluster, flavour.url, flavour.host, traffic.times, SENTENCE)
-        measured = replayed.summary()
+        measured = replayed.summary(synthesis_s)
         assert replayed.cold_start_s, "no pod became ready"
         # A replay's first pod, where it started beside nothing of ours, gives this replay's cold
         # start alone (3.4-4.9 s in six replays of one hour: one fixed for all moved the cold-start
