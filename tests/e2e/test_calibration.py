@@ -37,7 +37,7 @@ import pytest
 from testing.kube import SENTENCE, Cluster
 from testing.prediction import TOLERANCE, simulate_overlay
 from testing.prediction import off as prediction_off
-from testing.replay import replay
+from testing.replay import Replay, replay
 from tts_ops.simulate import profile as profiles
 from tts_ops.simulate import trace
 
@@ -62,7 +62,7 @@ SEEDS = 5
 COLD_ALONE_S: dict[str, float] = {}
 METRICS = ("latency_p50_s", "latency_p99_s", "max_replicas", "replica_seconds", "cold_start_waits")
 HPA_SYNC_S = 15.0  # kube-controller-manager's --horizontal-pod-autoscaler-sync-period (default)
-HPA_SYNCS: list[float] = []  # epoch seconds of HPA status writes seen so far (the keda flavour's HPA)
+HPA_SYNC_AT: dict[str, float] = {}  # per overlay, epoch seconds of the latest HPA status write seen
 
 
 def _calibrate(
@@ -92,7 +92,7 @@ def _calibrate(
         cores = os.cpu_count() or 1
         overrides = [f"node.cpus={cores - replayed.others_cores():.2f}"]
         if overlay.startswith("keda"):
-            first_sync = _hpa_first_sync_s(replayed)
+            first_sync = _hpa_first_sync_s(replayed, overlay)
             if first_sync is not None:
                 overrides.append(f"hpa.first_sync_s={first_sync:.2f}")
         # The replay sends at the times it could, a few milliseconds late: the simulator gets those.
@@ -149,7 +149,7 @@ def _calibrate(
     assert not off, f"{overlay}, {name}: the simulator is off by more than {TOLERANCE:.0%}: {off}"
 
 
-def _hpa_first_sync_s(replayed: Any) -> float | None:
+def _hpa_first_sync_s(replayed: Replay, overlay: str) -> float | None:
     """When, after the replay's start, the HPA's first sync came: from the first status write the replay
     saw (each sync that changes the status writes it), else from the last one an earlier replay saw
     (the phase holds while the HPA lives), else from the first pod it added (the sample after, so up
@@ -158,10 +158,10 @@ def _hpa_first_sync_s(replayed: Any) -> float | None:
     decides the keda steady trace's replicas (1, 2 and 1 in three replays of one trace: first syncs
     at 13.5, 8.6 and 3.5 s, the second with 6 requests waiting, the third before any was)."""
     if replayed.hpa_updates:
-        HPA_SYNCS.append(replayed.started + replayed.hpa_updates[0])
+        HPA_SYNC_AT[overlay] = replayed.started + replayed.hpa_updates[0]
         return replayed.hpa_updates[0] % HPA_SYNC_S
-    if HPA_SYNCS:
-        return (HPA_SYNCS[-1] - replayed.started) % HPA_SYNC_S
+    if overlay in HPA_SYNC_AT:
+        return (HPA_SYNC_AT[overlay] - replayed.started) % HPA_SYNC_S
     up = next((t for t, kept, _ in replayed.samples if kept > 1), None)
     return None if up is None else up % HPA_SYNC_S
 
