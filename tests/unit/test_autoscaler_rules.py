@@ -424,10 +424,17 @@ def test_a_keda_run_is_repeatable_by_its_seed_and_another_seed_is_another_draw()
 
 def _keda_pods_serving(times: list[float], **overrides: Any) -> tuple[list[int], simulator.Simulation]:
     """The pod each request of 0.5 s went to, on ready e2e keda pods, and the run."""
-    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    return _pods_serving("keda", times, **overrides)
+
+
+def _pods_serving(
+    flavour: str, times: list[float], **overrides: Any
+) -> tuple[list[int], simulator.Simulation]:
+    """The pod each request of 0.5 s went to, on ready pods of the flavour's e2e overlay, and the run."""
+    _flavour, values = settings.from_manifests(ROOT / flavour / "overlays" / "e2e")
     prof = profile.Profile(base_s=0.5, per_char_s=0.0, cold_start_s=1.0, phases_s={})
     sim = simulator.Simulation(
-        "keda", {**values, **overrides}, prof, trace.Trace(times, [10] * len(times), "t")
+        flavour, {**values, **overrides}, prof, trace.Trace(times, [10] * len(times), "t")
     )
     served: dict[int, int] = {}
     assign = sim._assign
@@ -466,6 +473,33 @@ def test_an_answer_with_requests_waiting_behind_it_closes_its_connection():
         [0.0] * 4, **{"replicas.start": 1, "replicas.min": 1, "replicas.max": 1, "pod.close_when_busy": False}
     )
     assert len(sim.idle) == 4
+
+
+def test_knatives_activator_fills_the_first_pod_by_address_before_the_next_at_low_container_concurrency():
+    # containerConcurrency 1-3: the throttler's first pod with a free slot, in address order
+    # (serving lb_policy.go firstAvailableLBPolicy). Two requests 0.1 s apart on three idle one-worker
+    # pods both go to the first, the second waiting behind it; least-loaded (the model before) spread
+    # them, where the cluster's burst found 0.3 s more per request once the backlog was gone.
+    three = {"replicas.start": 3, "replicas.min": 3, "replicas.max": 3, "pod.engine_workers": 1}
+    for seed in range(4):
+        served, sim = _pods_serving(
+            "knative", [0.0, 0.1], **three, **{"kpa.container_concurrency": 2, "random.seed": seed}
+        )
+        first = min((p for p in sim.pods), key=lambda p: p.address)
+        assert served == [first.id, first.id]
+        assert sim.latency[1] == pytest.approx(0.9)  # behind the first: 1.0 - 0.1
+    # A third while both are in flight: the first is full, so the next by address.
+    served, sim = _pods_serving("knative", [0.0, 0.1, 0.2], **three, **{"kpa.container_concurrency": 2})
+    by_address = [p.id for p in sorted(sim.pods, key=lambda p: p.address)]
+    assert served == [by_address[0], by_address[0], by_address[1]]
+
+
+def test_knatives_activator_goes_round_robin_above_container_concurrency_three():
+    # newRoundRobinPolicy: from the pod after the last one picked, the first with a free slot.
+    three = {"replicas.start": 3, "replicas.min": 3, "replicas.max": 3, "kpa.container_concurrency": 4}
+    served, sim = _pods_serving("knative", [0.0, 1.0, 2.0, 3.0], **three)
+    by_address = [p.id for p in sorted(sim.pods, key=lambda p: p.address)]
+    assert served == [*by_address, by_address[0]]
 
 
 def test_requests_the_interceptor_held_at_zero_reach_the_first_pod_in_no_particular_order():

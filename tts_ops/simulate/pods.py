@@ -77,6 +77,7 @@ class Pod:
     removed_s: float | None = None
     container_s: float | None = None  # when its container started (its cold start began)
     probes_s: float | None = None  # when the kubelet started its probe workers (their ticks' origin)
+    address: float = 0.0  # its rank in the order Knative's activator sorts pod addresses in
 
     @property
     def busy(self) -> bool:

@@ -23,10 +23,16 @@ the path (Serve mode: scale above 0 and the excess burst capacity >= 0, e.g. tar
 times that queued (pkg/queue/sharedmain buildBreaker) and answers 503 beyond. With
 `containerConcurrency` 0 neither limits a pod: the predictor's own MAX_QUEUE answers 503.
 
-Simplifications, each on the side of the autoscaler under study rather than the predictor:
-requests go to the least-loaded ready pod under Knative (its activator balances so) and under KEDA
-through the interceptor's keep-alive pool to the Service (_pick_pod); network hops cost nothing; a pod removed by a scale-down finishes its queue (the drain)
-and costs replica-seconds until then.
+Knative's activator picks a pod as its throttler does (serving pkg/activator/net/throttler.go and
+lb_policy.go), over its pods sorted by address: with `containerConcurrency` 1-3 the first that has
+a free slot, above 3 round robin from the one after the last pick, at 0 the less loaded of two at
+random. The addresses' order is a draw (the activator compares them as strings, so it is not the
+order the pods were made in). Under KEDA requests go through the interceptor's keep-alive pool to
+the Service (_pick_pod).
+
+Simplifications, each on the side of the autoscaler under study rather than the predictor: with the
+activator out of the path requests go to the least-loaded ready pod; network hops cost nothing; a
+pod removed by a scale-down finishes its queue (the drain) and costs replica-seconds until then.
 """
 
 from __future__ import annotations
@@ -160,6 +166,10 @@ class Simulation:
         # activator probes a revision's pods on one of its own (kpa.activator_probe_s).
         self.relist_phase = self.random.uniform(0, values["pod.relist_s"])
         self.activator_phase = self.random.uniform(0, values["kpa.activator_probe_s"])
+        # The pods' addresses, in the order the activator sorts them: a draw of their own, so the
+        # other draws of a seed stay as they were. Its round robin's next index.
+        self.addresses = random.Random(f"{values['random.seed']}-addresses")
+        self.round_robin = 0
         # The KEDA interceptor's idle keep-alive connections, each to the pod kube-proxy picked when it
         # was dialled, newest last (_pick_pod).
         self.idle: list[Pod] = []
@@ -189,7 +199,7 @@ class Simulation:
         active = self._active_pods()
         if target > len(active):
             for _ in range(target - len(active)):
-                pod = Pod(self.next_pod, self.now, math.inf)
+                pod = Pod(self.next_pod, self.now, math.inf, address=self.addresses.random())
                 self.next_pod += 1
                 self.pods.append(pod)
                 self.alive += 1
@@ -289,12 +299,14 @@ class Simulation:
         self._work(_cold_start(pod), pod, self.timing.cold_start_s, self.v["pod.cpus"])
 
     def _pick_pod(self, http: bool = True) -> Pod | None:
-        """The pod the next request goes to. Knative's activator picks the least loaded. The KEDA
-        interceptor sends to the Service through Go's keep-alive pool: it reuses the idle connection
-        returned last (http.Transport takes the newest of a host's idle ones), else dials, and
-        kube-proxy picks a ready pod at random for each new connection (seeded: a run is
-        repeatable). A connection whose pod is gone or draining is dropped. Events come from the
-        broker's own client: a ready pod at random."""
+        """The pod the next request goes to: a ready one, None where there is none. Knative's
+        activator picks by its policy (_activator_pick; a full pod where none has a free slot: the
+        request then waits), straight to the pods the least loaded. The KEDA interceptor sends to
+        the Service through Go's keep-alive pool: it reuses the idle connection returned last
+        (http.Transport takes the newest of a host's idle ones), else dials, and kube-proxy picks a
+        ready pod at random for each new connection (seeded: a run is repeatable). A connection
+        whose pod is gone or draining is dropped. Events come from the broker's own client: a ready
+        pod at random."""
         if self.flavour == "keda":
             while http and self.idle:
                 pod = self.idle.pop()
@@ -302,11 +314,33 @@ class Simulation:
                     return pod
             ready = self._ready_pods()
             return self.random.choice(ready) if ready else None
-        best = None
-        for p in self.pods:
-            if p.state == "ready" and (best is None or p.in_flight < best.in_flight):
-                best = p
-        return best
+        ready = self._ready_pods()
+        if not ready:
+            return None
+        if self.activator_in_path:
+            return self._activator_pick(sorted(ready, key=lambda p: p.address))
+        return min(ready, key=lambda p: p.in_flight)
+
+    def _activator_pick(self, ready: list[Pod]) -> Pod:
+        """The activator's throttler over `ready` (sorted by address): for containerConcurrency
+        1-3 the first with a free slot, above 3 round robin, at 0 the less loaded of two at random
+        (lb_policy.go: firstAvailableLBPolicy, newRoundRobinPolicy, randomChoice2Policy)."""
+        cc = self.v["kpa.container_concurrency"]
+        if cc == 0:
+            if len(ready) == 1:
+                return ready[0]
+            a, b = self.random.sample(ready, 2)
+            return a if a.in_flight <= b.in_flight else b
+        if cc <= 3:
+            return next((p for p in ready if p.in_flight < cc), ready[0])
+        if self.round_robin >= len(ready):
+            self.round_robin = 0
+        for step in range(len(ready)):
+            k = (self.round_robin + step) % len(ready)
+            if ready[k].in_flight < cc:
+                self.round_robin = k + 1
+                return ready[k]
+        return ready[0]
 
     def _reject(self, i: int) -> None:
         self.done[i] = True
