@@ -256,6 +256,9 @@ def start_keda_operator(record: node.Record) -> None:
             "--enable-webhook-patching=false", "--leader-elect=false",
             f"--metrics-service-bind-address={node.NODE_IP}:{KEDA_GRPC_PORT}",
             "--metrics-bind-address=127.0.0.1:8282", "--health-probe-bind-address=127.0.0.1:8283",
+            # Log times in nanoseconds (default ISO 8601: whole seconds): the e2e wake tests time
+            # KEDA's scale from zero from its log (testing/wakes.py).
+            "--zap-time-encoding=rfc3339nano",
         ],
     )  # fmt: skip
     holder = record.data["pids"]["holder"]

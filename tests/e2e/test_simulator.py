@@ -100,9 +100,21 @@ def test_the_scale_out_under_load_is_predicted_within_25_percent(keda_profile, e
 
 
 def test_each_wake_from_zero_is_predicted_step_by_step(cluster, keda, e2e_report):
-    # The pod's start around its cold start: the scaler's push, scheduling, the sandbox, the probes'
-    # ticks (from the kubelet's probe workers, not the process) and the interceptor's endpoints
-    # (tts_ops/simulate/pods.py). Each wake's own cold start and service time are given.
-    wakes = wakes_against_the_model(cluster, keda.infer, OVERLAY, WAKES, node.STATE / "logs" / "kubelet.log")
+    # The pod's start around its cold start: scheduling, the sandbox, the probes' ticks (from the
+    # kubelet's probe workers, not the process) and the interceptor's endpoints
+    # (tts_ops/simulate/pods.py). Each wake's own cold start and service time are given, and so is
+    # its push (request -> KEDA scales, from KEDA's log): the add-on scaler's tickers run from its
+    # start, so where a request falls between their ticks is a draw the model cannot know (0-0.7 s;
+    # predicted from the draws' median, four wakes in one run missed by 0.03-0.34 s, by 0.02-0.13 s
+    # given it). The push itself must stay within what the tickers allow.
+    logs = node.STATE / "logs"
+    wakes = wakes_against_the_model(
+        cluster, keda.infer, OVERLAY, WAKES, logs / "kubelet.log", logs / "keda-operator.log"
+    )
     e2e_report["simulator wakes"] = wakes
     assert wakes["median_error_s"] <= WAKE_ERROR_S, wakes
+    pushes = [w["keda_scaled"] for w in wakes["wakes"]]
+    assert all(0 <= p <= wakes["keda_push_max_s"] + WAKE_ERROR_S for p in pushes), (
+        pushes,
+        wakes["keda_push_max_s"],
+    )
