@@ -253,7 +253,9 @@ def test_knative_a_stat_report_delivered_late_does_not_wake_a_second_pod(cluster
             10, every=0.2,
         )  # fmt: skip
         phase = periodic[0] % 1
-        tick = math.floor(time.time()) + 1 + phase  # one after the next, so there is time to aim
+        tick = math.floor(time.time()) + phase
+        while tick - 0.1 < time.time():  # the next report far enough ahead to stop before it
+            tick += 1
         resume = math.floor(tick) + 1 + min(0.05, phase / 2)  # in the next report's second, before it
         time.sleep(max(0.0, tick - 0.04 - time.time()))
         os.kill(activator, signal.SIGSTOP)
