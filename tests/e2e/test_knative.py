@@ -140,9 +140,7 @@ def test_knative_a_burst_sends_kpa_into_panic_and_scales_out_while_container_con
             t.join(150)
         watcher.join(60)
 
-    autoscaler = cluster.kubectl(
-        "-n", "knative-serving", "logs", "deployment/autoscaler", "--since=5m"
-    ).stdout
+    autoscaler = _autoscaler_log(cluster, 300)
     panicked = [line for line in autoscaler.splitlines() if "PANICKING" in line and kpa_name in line]
     assert panicked, "KPA never entered panic mode for the burst"
     assert set(answers) == {200}, {c: answers.count(c) for c in set(answers)}
@@ -214,11 +212,16 @@ def _autoscaler_log(cluster, since_s: int) -> str:
     ).stdout
 
 
-def _activator_stats(cluster, revision: str, since: float) -> list[tuple[float, float]]:
+def _since(cluster, since: float) -> str:
+    """The autoscaler's log from `since` (epoch seconds) on, and a little before."""
+    return _autoscaler_log(cluster, int(time.time() - since) + 2)
+
+
+def _activator_stats(log: str, revision: str, since: float) -> list[tuple[float, float]]:
     """(when the autoscaler received it, average concurrency) of each activator report on `revision`
-    since `since`, from the autoscaler's debug log."""
+    since `since`, from the autoscaler's debug `log`."""
     stats = []
-    for line in _autoscaler_log(cluster, int(time.time() - since) + 2).splitlines():
+    for line in log.splitlines():
         entry = json.loads(line) if line.startswith("{") else {}
         found = _STAT.search(entry.get("message", ""))
         if found and found[1] == f"{NAMESPACE}/{revision}" and found[2].startswith("activator-"):
@@ -249,7 +252,7 @@ def test_knative_a_stat_report_delivered_late_does_not_wake_a_second_pod(cluster
         # request's (an immediate one) tells the phase.
         periodic = eventually(
             "the activator's first periodic report",
-            lambda: [t for t, _ in _activator_stats(cluster, revision, sent)[1:]],
+            lambda: [t for t, _ in _activator_stats(_since(cluster, sent), revision, sent)[1:]],
             10, every=0.2,
         )  # fmt: skip
         phase = periodic[0] % 1
@@ -264,8 +267,8 @@ def test_knative_a_stat_report_delivered_late_does_not_wake_a_second_pod(cluster
         finally:
             os.kill(activator, signal.SIGCONT)
         caller.join(180)
-        stats = _activator_stats(cluster, revision, sent)
-        log = _autoscaler_log(cluster, int(time.time() - sent) + 2)
+        log = _since(cluster, sent)
+        stats = _activator_stats(log, revision, sent)
 
     (response,) = answer
     assert response.status_code == 200, response.text[:300]

@@ -422,11 +422,6 @@ def test_a_keda_run_is_repeatable_by_its_seed_and_another_seed_is_another_draw()
     assert settings.apply_overrides(values, ["random.seed=3"])["random.seed"] == 3
 
 
-def _keda_pods_serving(times: list[float], **overrides: Any) -> tuple[list[int], simulator.Simulation]:
-    """The pod each request of 0.5 s went to, on ready e2e keda pods, and the run."""
-    return _pods_serving("keda", times, **overrides)
-
-
 def _pods_serving(
     flavour: str, times: list[float], **overrides: Any
 ) -> tuple[list[int], simulator.Simulation]:
@@ -453,8 +448,10 @@ def test_keda_requests_one_at_a_time_reuse_the_interceptors_idle_connection_to_o
     # a connection is dialled. Ten sequential requests on three pods, at random, would all land on one
     # pod once in 3^9 runs.
     for seed in range(4):
-        served, _sim = _keda_pods_serving(
-            [float(k) for k in range(10)], **{"replicas.start": 3, "replicas.min": 3, "random.seed": seed}
+        served, _sim = _pods_serving(
+            "keda",
+            [float(k) for k in range(10)],
+            **{"replicas.start": 3, "replicas.min": 3, "random.seed": seed},
         )
         assert len(set(served)) == 1, (seed, served)
 
@@ -465,12 +462,14 @@ def test_an_answer_with_requests_waiting_behind_it_closes_its_connection():
     # behind it, say Connection: close (CLOSE_WHEN_BUSY); only the last goes back to the pool.
     # Counting the answered request out first kept the third too, which sent the interceptor's
     # new requests to the backlogged first pod less often than the cluster did (keda burst).
-    _served, sim = _keda_pods_serving(
-        [0.0] * 4, **{"replicas.start": 1, "replicas.min": 1, "replicas.max": 1}
+    _served, sim = _pods_serving(
+        "keda", [0.0] * 4, **{"replicas.start": 1, "replicas.min": 1, "replicas.max": 1}
     )
     assert sim.workers == 1 and len(sim.idle) == 1
-    _served, sim = _keda_pods_serving(
-        [0.0] * 4, **{"replicas.start": 1, "replicas.min": 1, "replicas.max": 1, "pod.close_when_busy": False}
+    _served, sim = _pods_serving(
+        "keda",
+        [0.0] * 4,
+        **{"replicas.start": 1, "replicas.min": 1, "replicas.max": 1, "pod.close_when_busy": False},
     )
     assert len(sim.idle) == 4
 
