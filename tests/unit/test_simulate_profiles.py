@@ -202,10 +202,19 @@ def test_force_admits_a_loaded_profile_marked_forced():
 class _Predictor:
     """A ready predictor's REST answers, recording each request and each load reading in order."""
 
-    def __init__(self, platform: str | None, loads: list[float], synthesis_s: float = 0.0, workers: int = 1):
+    def __init__(
+        self,
+        platform: str | None,
+        loads: list[float],
+        synthesis_s: float = 0.0,
+        workers: int = 1,
+        sleeps: list[float] | None = None,
+    ):
         self.platform, self.loads, self.events = platform, loads, []
-        # Each synthesis sleeps synthesis_s; at most `workers` at once, the rest wait their turn.
+        # Each synthesis sleeps synthesis_s (or the next of `sleeps`, in turn); at most `workers` at
+        # once, the rest wait their turn.
         self.synthesis_s, self.engine = synthesis_s, threading.Semaphore(workers)
+        self.sleeps = sleeps
 
     def load_average(self) -> float:
         self.events.append("load")
@@ -222,7 +231,7 @@ class _Predictor:
                 return httpx.Response(200, json=meta)
             if path == "/v2/models/tts/infer":
                 with self.engine:
-                    time.sleep(self.synthesis_s)
+                    time.sleep(self.sleeps.pop(0) if self.sleeps else self.synthesis_s)
                 return httpx.Response(200, json={"outputs": []})
             if path == "/metrics":
                 return httpx.Response(
@@ -274,6 +283,37 @@ def test_a_profile_without_an_overlap_measurement_says_zero_and_one_with_it_read
     profile.write(_profile((0.1, 0.1), 2, overlap_factor=1.8), out)
 
     assert profile.load(out).overlap_factor == 1.8
+
+
+def test_measure_takes_the_mean_of_a_lengths_repeats_so_a_long_tail_counts():
+    # A CPU-limited pod's times have a long tail, and its queue drains at one request per mean time:
+    # two fast repeats and one slow give the mean (0.04 s), where the median would be 0.01.
+    predictor = _Predictor("onnx", [0.1, 0.1], sleeps=[0.01, 0.01, 0.10] * 2)
+
+    measured = profile.measure(
+        "http://predictor",
+        repeats=3,
+        lengths=(20, 80),
+        load_average=predictor.load_average,
+        cores=2,
+        transport=predictor.transport(),
+        overlap=1,
+    )
+
+    assert measured.average == "mean"
+    assert all(0.035 < seconds < 0.08 for _, seconds in measured.points), measured.points
+
+
+def test_a_profile_written_before_averages_were_recorded_reads_as_medians(tmp_path):
+    doc = _profile((0.1, 0.1), 2).to_json()
+    del doc["average"]
+    out = tmp_path / "p.json"
+    out.write_text(json.dumps(doc))
+
+    assert profile.load(out).average == "median"
+    out.write_text(json.dumps(doc | {"average": "mode"}))
+    with pytest.raises(SimulateError, match="'average' is 'mode'"):
+        profile.load(out)
 
 
 def test_measure_records_the_engine_the_predictor_reports():

@@ -1,8 +1,8 @@
 """The predictor's measured costs: synthesis time against text length, and cold start.
 
 A profile is JSON (schema below). `measure(url)` makes one from a running predictor: it times real v2
-requests of several lengths (sequentially, so a time is one synthesis plus the HTTP hop) and fits
-seconds = base_s + per_char_s x characters by least squares; cold start phases come from the
+requests of several lengths (sequentially, so a time is one synthesis plus the HTTP hop), takes the
+mean of each length's repeats and fits seconds = base_s + per_char_s x characters by least squares; cold start phases come from the
 predictor's own `tts_cold_start_seconds` gauges, the engine from its v2 model metadata (`platform`).
 The 1-minute load average is read before the first request and after the last: `admit` refuses a
 profile measured with it above the machine's cores (a shared machine's times, not the predictor's)
@@ -46,7 +46,7 @@ class Profile:
     device: str = "cpu"
     measured_on: str = ""
     assumed: bool = False  # true for a profile written by hand (e.g. a GPU shape), not measured
-    points: tuple[tuple[int, float], ...] = ()  # (characters, median seconds) behind the fit
+    points: tuple[tuple[int, float], ...] = ()  # (characters, seconds: the repeats' `average`) of the fit
     load_average: tuple[float, ...] = ()  # 1-minute load average at the start and at the end; () unknown
     cores: int = 0  # the measuring machine's CPUs (os.cpu_count); 0 unknown
     forced: bool = False  # written with `profile --force` although load_average was above cores
@@ -54,6 +54,10 @@ class Profile:
     # makespan of OVERLAP simultaneous requests of OVERLAP_CHARS / one alone. 0: not measured, and a
     # simulated pod runs one call at a time whatever its ENGINE_WORKERS.
     overlap_factor: float = 0.0
+    # Of a length's repeats, the points give their mean: a pod drains its queue at one request per mean
+    # time, and a CPU-limited pod's times have a long tail (half a core: median 0.54 s, mean 0.60 s
+    # over 25 of one sentence). Profiles written before say "median".
+    average: str = "median"
 
     def overlapping_s(self, chars: int) -> float:
         """A call's time beside another on a pod of several engine workers."""
@@ -81,6 +85,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "cores": int,
     "forced": bool,
     "overlap_factor": (int, float),
+    "average": str,
 }
 
 
@@ -110,6 +115,8 @@ def load(path: Path | str) -> Profile:
     for key in ("base_s", "per_char_s", "cold_start_s", "overlap_factor"):
         if doc.get(key, 0) < 0:
             raise SimulateError(f"{path}: key {key!r} must be >= 0, got {doc[key]}")
+    if doc.get("average", "median") not in ("mean", "median"):
+        raise SimulateError(f"{path}: key 'average' is {doc['average']!r}, expected 'mean' or 'median'")
     phases = doc.get("phases_s", {})
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in phases.values()):
         raise SimulateError(f"{path}: key 'phases_s' must map phase names to seconds")
@@ -130,6 +137,7 @@ def load(path: Path | str) -> Profile:
         cores=doc.get("cores", 0),
         forced=doc.get("forced", False),
         overlap_factor=float(doc.get("overlap_factor", 0.0)),
+        average=doc.get("average", "median"),
     )
 
 
@@ -283,7 +291,7 @@ def measure(
                 raise SimulateError(f"{url}: infer answered {r.status_code}: {r.text[:200]}")
             return time.perf_counter() - t0
 
-        points = [(len(_text(n)), statistics.median(infer(n) for _ in range(repeats))) for n in lengths]
+        points = [(len(_text(n)), statistics.mean(infer(n) for _ in range(repeats))) for n in lengths]
         overlap_factor = 0.0
         if overlap > 1:
             from concurrent.futures import ThreadPoolExecutor
@@ -321,6 +329,7 @@ def measure(
         load_average=(round(load_start, 2), round(load_end, 2)),
         cores=cores,
         overlap_factor=overlap_factor,
+        average="mean",
     )
 
 
