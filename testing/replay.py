@@ -30,6 +30,7 @@ outside both models of autoscaling."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import threading
@@ -67,6 +68,20 @@ class Replay:
             return 0.0
         (t0, busy0, pods0), (t1, busy1, pods1) = span[0], span[-1]
         return max(0.0, ((busy1 - busy0) - (pods1 - pods0)) / (t1 - t0))
+
+    def spare_cores_over_time(self, cores: float) -> list[tuple[float, float]]:
+        """(from seconds, cores) the rest of the node left to the stable pods between each two CPU
+        samples, from the first send until the last answer: `cores` less what the rest took then."""
+        answered = [s + x for s, x in zip(self.sends, self.latency, strict=True) if x is not None]
+        end = max(answered, default=self.sends[-1] if self.sends else 0.0)
+        steps = []
+        for (t0, busy0, pods0), (t1, busy1, pods1) in itertools.pairwise(self.cpu):
+            if t0 > end or t1 <= t0:
+                break
+            others = ((busy1 - busy0) - (pods1 - pods0)) / (t1 - t0)
+            # At least a tenth of a core: 0 would mean no limit (node.cpus).
+            steps.append((round(t0, 2), round(min(cores, max(0.1, cores - others)), 2)))
+        return steps
 
     def first_cold_start_s(self) -> float:
         """The cold start of the pod started from zero, beside nothing else of ours (the first ready)."""

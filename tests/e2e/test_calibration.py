@@ -19,7 +19,9 @@ Given to the simulator, not predicted:
   log), else the one-request trace's. Pods started beside busy ones are slower; the simulator
   predicts by how much (tts_ops/simulate/node.py);
 - the cores the node left to the predictor pods: its two, less what everything else took during the
-  replay (the control plane, the data path, the replay's own client and watcher; testing/replay.py);
+  replay (the control plane, the data path, the replay's own client and watcher; testing/replay.py),
+  between each two of the replay's CPU samples (about 1.2 s apart): the rest of the node takes most
+  while it starts pods (0.7-1.3 cores left in a knative burst's first 8 s, 1.4-1.7 after);
 - for the keda flavour, the phase of the HPA's 15-second sync loop (set when KEDA made the HPA),
   read off the HPA's status writes during the replay (testing/replay.py).
 """
@@ -90,7 +92,11 @@ def _calibrate(
             alone = COLD_ALONE_S[overlay]
         COLD_ALONE_S.setdefault(overlay, alone)
         cores = os.cpu_count() or 1
-        overrides = [f"node.cpus={cores - replayed.others_cores():.2f}"]
+        spare = replayed.spare_cores_over_time(cores)
+        overrides = [
+            f"node.cpus={cores - replayed.others_cores():.2f}",
+            "node.cpus_over_time=" + ",".join(f"{t}:{c}" for t, c in spare),
+        ]
         if overlay.startswith("keda"):
             first_sync = _hpa_first_sync_s(replayed, overlay)
             if first_sync is not None:

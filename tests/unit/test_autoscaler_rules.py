@@ -371,6 +371,49 @@ def test_work_beyond_the_nodes_cores_shares_them_and_is_re_timed_as_pieces_start
     assert latencies([0.0] * 4, 1.5, pod_cpus=0.5) == pytest.approx([4 / 3] * 4, abs=0.01)
 
 
+def test_the_nodes_cores_changing_over_time_re_time_the_work_under_way():
+    # Two pods of one core each, 2 s of work each from 0 s, on the two cores the node leaves them:
+    # 2 s. Where the rest of the node takes one core from 1 s on (starting pods, say), their second
+    # second of work runs at half speed.
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    prof = profile.Profile(base_s=2.0, per_char_s=0.0, cold_start_s=1.0, phases_s={})
+
+    def latencies(over_time: str) -> list[float]:
+        sim = _spread(
+            simulator.Simulation(
+                "keda",
+                {
+                    **values,
+                    "replicas.start": 2,
+                    "pod.cpus": 1.0,
+                    "node.cpus": 2.0,
+                    "node.cpus_over_time": over_time,
+                },
+                prof,
+                trace.Trace([0.0, 0.0], [10, 10], "two"),
+            )
+        )
+        return sorted(x for x in sim.run().latencies if x is not None)
+
+    assert latencies("") == pytest.approx([2.0, 2.0], abs=0.01)
+    # 1 s done by 1 s; from 1 s half a core each: 1 s of work left takes 2 s.
+    assert latencies("1:1") == pytest.approx([3.0, 3.0], abs=0.01)
+    # From 1.5 s half speed, from 2 s full again: 1.5 + 0.25 done by 2 s, the last 0.25 by 2.25 s.
+    assert latencies("1.5:1,2:2") == pytest.approx([2.25, 2.25], abs=0.01)
+
+
+def test_a_schedule_of_the_nodes_cores_that_is_not_time_cores_pairs_is_refused():
+    assert settings.cpus_over_time("0:1.5, 2.4:0.8") == [(0.0, 1.5), (2.4, 0.8)]
+    for bad, says in (
+        ("1.5", "not T:CPUS"),
+        ("1:x", "not T:CPUS"),
+        ("1:-1", "not T:CPUS"),
+        ("2:1,1:1", "go back"),
+    ):
+        with pytest.raises(SimulateError, match=says):
+            settings.cpus_over_time(bad)
+
+
 def test_a_cold_start_beside_busy_pods_shares_the_nodes_cores():
     # Two pods busy for a long time; a third pod starts (1 s of cold-start work alone). On two cores
     # the three pieces run at two thirds of a core each: ready after 1.5 s. One core each: 1 s.

@@ -5,7 +5,8 @@ warm-up: CPU, not waiting), each given as the seconds it takes at its own speed,
 profile measured it with (a worker's part of its pod's CPU limit; a cold start, the pod's). With
 ``cpus`` > 0 (node.cpus) the pieces share the node's cores in proportion to what each asks for, none
 faster than its own speed; whenever a piece starts or ends, the others are re-timed. With ``cpus`` = 0
-each piece has what it asks for.
+each piece has what it asks for. The cores may change over time (``resize``: what the rest of the
+node leaves changes while it starts pods, node.cpus_over_time); the pieces under way are re-timed.
 
 On the local cluster's 2-core node, four busy 1-CPU pods and starting ones measured 0.3-0.45 of a
 core each, and pods started beside busy ones took 2.5-3 times the cold start of the first; a share
@@ -55,6 +56,12 @@ class Cores:
         """``key`` finished or was stopped (a starting pod scaled away); the others' new finishes."""
         self._settle(now)
         self._pieces.pop(key, None)
+        return self._retime(now)
+
+    def resize(self, now: float, cpus: float) -> list[Finish]:
+        """From ``now`` the pieces share ``cpus`` cores; their new finishes."""
+        self._settle(now)
+        self.cpus = cpus
         return self._retime(now)
 
     def _share(self) -> float:

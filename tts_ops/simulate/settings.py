@@ -11,6 +11,7 @@ resolves them), so `simulate` can pick the profile measured on that engine.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ KEYS: dict[str, tuple[Any, str]] = {
         0.0,
         "cores the predictor pods share (0 = every pod has what its profile was measured with); the "
         "syntheses and cold starts under way share them, each at most at its pod's speed (node.py)",
+    ),
+    "node.cpus_over_time": (
+        "",
+        "T:CPUS,... : from T seconds after the trace starts the pods share CPUS cores (node.cpus before "
+        "the first T); a replay's node gives them as the rest of the node's use changed (0 = unlimited)",
     ),
     "replicas.min": (0, "minReplicas / minReplicaCount"),
     "replicas.max": (4, "maxReplicas / maxReplicaCount"),
@@ -478,6 +484,23 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
             raise SimulateError(f"--set {key}: unknown key (known: {', '.join(KEYS)})")
         values[key] = parse_value(key, raw)
     return values
+
+
+def cpus_over_time(raw: str) -> list[tuple[float, float]]:
+    """node.cpus_over_time as (from seconds, cores), in time order."""
+    steps = []
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        at, colon, cpus = item.partition(":")
+        try:
+            step = (float(at), float(cpus))
+        except ValueError:
+            step = None
+        if not colon or step is None or step[1] < 0:
+            raise SimulateError(f"node.cpus_over_time: {item!r} is not T:CPUS (seconds, cores >= 0)")
+        steps.append(step)
+    if any(b[0] < a[0] for a, b in itertools.pairwise(steps)):
+        raise SimulateError(f"node.cpus_over_time: {raw!r}: the times go back")
+    return steps
 
 
 def parse_value(key: str, raw: str) -> Any:

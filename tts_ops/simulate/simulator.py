@@ -44,13 +44,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tts_ops.simulate import hpa, keda, knative_kpa
+from tts_ops.simulate import hpa, keda, knative_kpa, settings
 from tts_ops.simulate.node import Cores, Finish
 from tts_ops.simulate.pods import Pod, PodTiming, tick_at_or_after
 from tts_ops.simulate.profile import Profile
 from tts_ops.simulate.trace import Trace
 
-_WORK, _CONTAINER, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT, _PUSH = range(9)
+_WORK, _CONTAINER, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT, _PUSH, _NODE = range(10)
 ACTIVATOR_QUEUE = 10_000  # requests the activator holds per revision (breakerQueueDepth)
 QUEUE_PROXY_DEPTH = 10  # queue-proxy queues this many times containerConcurrency
 
@@ -514,6 +514,8 @@ class Simulation:
             self.queue_depth: float | None = None
             self._push(0.0, _SCRAPE)
             self._push(v["hpa.first_sync_s"], _HPA)
+        for at, cpus in settings.cpus_over_time(v["node.cpus_over_time"]):
+            self._push(at, _NODE, cpus)
         self._push(0.0, _TICK)
         self._scale_to(v["replicas.start"])
         for pod in self.pods:  # already running when the trace starts
@@ -655,6 +657,8 @@ class Simulation:
                 self._time_out(data)
             elif kind == _PUSH:
                 self._keda_pushed()
+            elif kind == _NODE:
+                self._timed(self.cores.resize(self.now, data))
         # Whatever is still held at the end never got an answer.
         for _ in range(len(self.held) + len(self.kafka)):
             self.rejected += 1
