@@ -402,6 +402,27 @@ def test_the_nodes_cores_changing_over_time_re_time_the_work_under_way():
     assert latencies("1.5:1,2:2") == pytest.approx([2.25, 2.25], abs=0.01)
 
 
+def test_a_call_right_after_another_on_its_pod_takes_the_back_to_back_time():
+    # One pod, 1 s a call after idle and 1.5 s right after another (a CPU quota partly spent).
+    _flavour, values = settings.from_manifests(ROOT / "keda" / "overlays" / "e2e")
+    prof = profile.Profile(base_s=1.0, per_char_s=0.0, cold_start_s=1.0, phases_s={}, back_to_back_factor=1.5)
+
+    def latencies(times: list[float]) -> list[float | None]:
+        sim = simulator.Simulation(
+            "keda", {**values, "replicas.start": 1}, prof, trace.Trace(times, [10] * len(times), "one pod")
+        )
+        return [None if x is None else round(x, 3) for x in sim.run().latencies]
+
+    # Three at once: the first after idle, the next two each straight after the one before.
+    assert latencies([0.0, 0.0, 0.0]) == [1.0, 2.5, 4.0]
+    # Two seconds apart: each after idle. 0.1 s after the last ended (within BACK_TO_BACK_S): back to back.
+    assert latencies([0.0, 3.0]) == [1.0, 1.0]
+    assert latencies([0.0, 1.1]) == [1.0, 1.5]
+    # A profile that did not measure it: every call at its time after idle.
+    prof = dataclasses.replace(prof, back_to_back_factor=0.0)
+    assert latencies([0.0, 0.0]) == [1.0, 2.0]
+
+
 def test_a_schedule_of_the_nodes_cores_that_is_not_time_cores_pairs_is_refused():
     assert settings.cpus_over_time("0:1.5, 2.4:0.8") == [(0.0, 1.5), (2.4, 0.8)]
     for bad, says in (

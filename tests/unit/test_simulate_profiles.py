@@ -215,6 +215,10 @@ class _Predictor:
         # once, the rest wait their turn.
         self.synthesis_s, self.engine = synthesis_s, threading.Semaphore(workers)
         self.sleeps = sleeps
+        # quota: a call within quota[0] s of the last one's end sleeps quota[1] times as long (a
+        # CPU-limited pod's quota spent by the call before).
+        self.quota: tuple[float, float] | None = None
+        self.last_end = -1e9
 
     def load_average(self) -> float:
         self.events.append("load")
@@ -231,7 +235,11 @@ class _Predictor:
                 return httpx.Response(200, json=meta)
             if path == "/v2/models/tts/infer":
                 with self.engine:
-                    time.sleep(self.sleeps.pop(0) if self.sleeps else self.synthesis_s)
+                    seconds = self.sleeps.pop(0) if self.sleeps else self.synthesis_s
+                    if self.quota and time.perf_counter() - self.last_end < self.quota[0]:
+                        seconds *= self.quota[1]
+                    time.sleep(seconds)
+                    self.last_end = time.perf_counter()
                 return httpx.Response(200, json={"outputs": []})
             if path == "/metrics":
                 return httpx.Response(
@@ -246,12 +254,11 @@ class _Predictor:
     def measure(self, **kwargs) -> profile.Profile:
         return profile.measure(
             "http://predictor",
-            repeats=1,
             lengths=(20, 80),
             load_average=self.load_average,
             cores=2,
             transport=self.transport(),
-            **kwargs,
+            **({"idle_gap_s": 0.0, "repeats": 1} | kwargs),
         )
 
 
@@ -298,10 +305,25 @@ def test_measure_takes_the_mean_of_a_lengths_repeats_so_a_long_tail_counts():
         cores=2,
         transport=predictor.transport(),
         overlap=1,
+        idle_gap_s=0.0,
     )
 
     assert measured.average == "mean"
     assert all(0.035 < seconds < 0.08 for _, seconds in measured.points), measured.points
+
+
+def test_measure_times_calls_after_a_pause_and_back_to_back_apart():
+    # A predictor whose call right after another (within 0.1 s) takes three times one after a pause.
+    predictor = _Predictor("onnx", [0.1, 0.1], synthesis_s=0.01)
+    predictor.quota = (0.1, 3.0)
+
+    measured = predictor.measure(repeats=3, idle_gap_s=0.15, overlap=1)
+
+    assert all(0.009 < seconds < 0.02 for _, seconds in measured.points), measured.points
+    assert 2.0 < measured.back_to_back_factor < 3.5, measured.back_to_back_factor
+    assert measured.back_to_back_s(20) == pytest.approx(
+        measured.synthesis_s(20) * measured.back_to_back_factor
+    )
 
 
 def test_a_profile_written_before_averages_were_recorded_reads_as_medians(tmp_path):

@@ -78,6 +78,7 @@ class Pod:
     container_s: float | None = None  # when its container started (its cold start began)
     probes_s: float | None = None  # when the kubelet started its probe workers (their ticks' origin)
     address: float = 0.0  # its rank in the order Knative's activator sorts pod addresses in
+    last_end_s: float = -math.inf  # when its last synthesis ended (a call soon after is back to back)
 
     @property
     def busy(self) -> bool:

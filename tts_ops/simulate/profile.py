@@ -33,6 +33,12 @@ LENGTHS = (20, 80, 200, 400)
 # Requests sent at once for overlap_factor: the CPU manifests' two engine workers; of one length.
 OVERLAP = 2
 OVERLAP_CHARS = 200
+# The pause before each timed repeat: a half-core pod's call after 0.3 s idle took 0.50 s, after
+# 0.6 s 0.48 s, after 1 s 0.47 s (means of 15); back to back 0.57-0.63 s.
+IDLE_GAP_S = 1.0
+# A call starting this soon after the pod's last one ended is back to back: a call after a 0.1 s
+# pause took 0.60 s on that pod (as back to back), after 0.3 s 0.50 s (nearly as after idle); halfway.
+BACK_TO_BACK_S = 0.2
 _SENTENCE = "The quick brown fox jumps over the lazy dog while the band plays on. "
 
 
@@ -58,6 +64,15 @@ class Profile:
     # time, and a CPU-limited pod's times have a long tail (half a core: median 0.54 s, mean 0.60 s
     # over 25 of one sentence). Profiles written before say "median".
     average: str = "median"
+    # A call's time when it starts within BACK_TO_BACK_S of the pod's last call ending, over its time
+    # after the pod was idle (the points, each repeat IDLE_GAP_S after the last). A pod under a CPU
+    # limit starts a call after idle with its quota unspent: the e2e sentence on a half-core pod took
+    # 0.47 s after a second's pause and 0.57-0.63 s back to back. 0: not measured (1).
+    back_to_back_factor: float = 0.0
+
+    def back_to_back_s(self, chars: int) -> float:
+        """A call's time right after another on its pod."""
+        return self.synthesis_s(chars) * (self.back_to_back_factor or 1.0)
 
     def overlapping_s(self, chars: int) -> float:
         """A call's time beside another on a pod of several engine workers."""
@@ -86,6 +101,7 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "forced": bool,
     "overlap_factor": (int, float),
     "average": str,
+    "back_to_back_factor": (int, float),
 }
 
 
@@ -112,7 +128,7 @@ def load(path: Path | str) -> Profile:
             not isinstance(doc[key], kind) or (kind is not bool and isinstance(doc[key], bool))
         ):
             raise SimulateError(f"{path}: key {key!r} has the wrong type ({type(doc[key]).__name__})")
-    for key in ("base_s", "per_char_s", "cold_start_s", "overlap_factor"):
+    for key in ("base_s", "per_char_s", "cold_start_s", "overlap_factor", "back_to_back_factor"):
         if doc.get(key, 0) < 0:
             raise SimulateError(f"{path}: key {key!r} must be >= 0, got {doc[key]}")
     if doc.get("average", "median") not in ("mean", "median"):
@@ -138,6 +154,7 @@ def load(path: Path | str) -> Profile:
         forced=doc.get("forced", False),
         overlap_factor=float(doc.get("overlap_factor", 0.0)),
         average=doc.get("average", "median"),
+        back_to_back_factor=float(doc.get("back_to_back_factor", 0.0)),
     )
 
 
@@ -253,6 +270,7 @@ def measure(
     cores: int | None = None,
     transport: httpx.BaseTransport | None = None,
     overlap: int = OVERLAP,
+    idle_gap_s: float = IDLE_GAP_S,
 ) -> Profile:
     """Time real requests against a ready predictor at `url` and read its cold-start gauges.
 
@@ -260,6 +278,8 @@ def measure(
     must agree with one that does. DEVICE (cpu or cuda) is not reported: it is the caller's word.
     OVERLAP requests of OVERLAP_CHARS sent at once, REPEATS times, give overlap_factor (0: not measured):
     what a call costs beside others on this predictor as it runs (its ENGINE_WORKERS and CPUs).
+    Each timed repeat waits IDLE_GAP_S first (the points are calls after idle); REPEATS calls of the
+    first length back to back then give back_to_back_factor.
     LOAD_AVERAGE, CORES and TRANSPORT are seams for tests (the machine's load, os.cpu_count(), HTTP)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
@@ -291,7 +311,14 @@ def measure(
                 raise SimulateError(f"{url}: infer answered {r.status_code}: {r.text[:200]}")
             return time.perf_counter() - t0
 
-        points = [(len(_text(n)), statistics.mean(infer(n) for _ in range(repeats))) for n in lengths]
+        def after_idle(n: int) -> float:
+            time.sleep(idle_gap_s)
+            return infer(n)
+
+        points = [(len(_text(n)), statistics.mean(after_idle(n) for _ in range(repeats))) for n in lengths]
+        # Back to back, after one call of that length that is not counted (it follows another length).
+        back_to_back = [infer(lengths[0]) for _ in range(repeats + 1)][1:]
+        back_to_back_factor = round(statistics.mean(back_to_back) / points[0][1], 3) if points[0][1] else 0.0
         overlap_factor = 0.0
         if overlap > 1:
             from concurrent.futures import ThreadPoolExecutor
@@ -330,6 +357,7 @@ def measure(
         cores=cores,
         overlap_factor=overlap_factor,
         average="mean",
+        back_to_back_factor=back_to_back_factor,
     )
 
 

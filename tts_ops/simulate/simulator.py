@@ -47,7 +47,7 @@ from typing import Any
 from tts_ops.simulate import hpa, keda, knative_kpa, settings
 from tts_ops.simulate.node import Cores, Finish
 from tts_ops.simulate.pods import Pod, PodTiming, tick_at_or_after
-from tts_ops.simulate.profile import Profile
+from tts_ops.simulate.profile import BACK_TO_BACK_S, Profile
 from tts_ops.simulate.trace import Trace
 
 _WORK, _CONTAINER, _READY, _TICK, _SCRAPE, _HPA, _SAMPLE, _TIMEOUT, _PUSH, _NODE = range(10)
@@ -253,11 +253,17 @@ class Simulation:
 
     def _synthesize(self, pod: Pod, i: int) -> None:
         """Start request i's synthesis on pod: at the profile's time alone when nothing else runs or
-        waits there, else beside the others (overlap_factor), fixed at its start. The node's cores
+        waits there, else beside the others (overlap_factor), fixed at its start; alone but right
+        after the pod's last call (BACK_TO_BACK_S), at back_to_back_factor times it. The node's cores
         (node.cpus) are shared with every other synthesis and cold start under way (node.py)."""
         chars = self.trace.chars[i]
         alone = self.workers == 1 or (pod.running == 0 and not pod.queue)
-        seconds = self.profile.synthesis_s(chars) if alone else self.profile.overlapping_s(chars)
+        if not alone:
+            seconds = self.profile.overlapping_s(chars)
+        elif self.now - pod.last_end_s < BACK_TO_BACK_S:
+            seconds = self.profile.back_to_back_s(chars)  # its CPU quota partly spent (profile.py)
+        else:
+            seconds = self.profile.synthesis_s(chars)
         pod.running += 1
         self._work(("synthesis", pod.id, i), pod, seconds, self.v["pod.cpus"] / self.workers)
 
@@ -449,6 +455,7 @@ class Simulation:
             else:
                 self.latency[i] = lat
         pod.running -= 1
+        pod.last_end_s = self.now
         # The answer's connection goes back to the interceptor's pool, unless the pod has requests
         # waiting and says Connection: close (CLOSE_WHEN_BUSY). The pod decides as the answer
         # starts, while this request still counts as admitted: it closes if any other is there
