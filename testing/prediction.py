@@ -22,9 +22,10 @@ def canary_profile(cluster: Cluster) -> Any:
     canary = [p for p in cluster.pods(NAMESPACE, "serving.kserve.io/inferenceservice=tts-canary") if ready(p)]
     assert canary, "no ready canary pod to profile"
     with port_forward(cluster, NAMESPACE, canary[0]["metadata"]["name"], 8080) as url:
-        # At the length every e2e trace sends, means of twenty: a half-core pod's times have a long
-        # tail (the sentence: median 0.54 s, mean 0.60 s, 0.46-1.01 s over 25), which is what its
-        # queue drains at; the mean of seven moved by 10 % from one profile to the next.
+        # At the length every e2e trace sends, means of twenty after a pause and twenty back to back
+        # (profile.measure): a half-core pod's times have a long tail (the sentence back to back:
+        # median 0.54 s, mean 0.60 s, 0.46-1.01 s over 25; 0.47 s after a pause), and a mean of seven
+        # moved by 10 % from one profile to the next.
         # No overlap factor: the e2e overlays' pods run one engine worker, which a simulated pod
         # then does whatever the factor (simulator.Simulation.workers).
         measured = profile.measure(url, repeats=20, lengths=(len(SENTENCE), 160), overlap=1)

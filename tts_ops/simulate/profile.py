@@ -1,9 +1,11 @@
 """The predictor's measured costs: synthesis time against text length, and cold start.
 
 A profile is JSON (schema below). `measure(url)` makes one from a running predictor: it times real v2
-requests of several lengths (sequentially, so a time is one synthesis plus the HTTP hop), takes the
-mean of each length's repeats and fits seconds = base_s + per_char_s x characters by least squares; cold start phases come from the
-predictor's own `tts_cold_start_seconds` gauges, the engine from its v2 model metadata (`platform`).
+requests of several lengths (one at a time, each after a pause, so a time is one synthesis on an idle
+predictor plus the HTTP hop), takes the mean of each length's repeats and fits seconds = base_s +
+per_char_s x characters by least squares; a run of calls back to back gives back_to_back_factor;
+cold start phases come from the predictor's own `tts_cold_start_seconds` gauges, the engine from its
+v2 model metadata (`platform`).
 The 1-minute load average is read before the first request and after the last: `admit` refuses a
 profile measured with it above the machine's cores (a shared machine's times, not the predictor's)
 unless forced, and a forced profile says so. `shipped` is the profile `simulate` uses for an engine.
