@@ -58,29 +58,32 @@ class Replay:
     started: float = 0.0  # epoch seconds of the first scheduled send: the other times count from it
     hpa_updates: list[float] = field(default_factory=list)  # the HPA's status writes, as `sends`
 
+    def _answered_at(self) -> list[float]:
+        """When each request answered 200 came back, as `sends`."""
+        return [s + x for s, x in zip(self.sends, self.latency, strict=True) if x is not None]
+
+    def _until_s(self) -> float:
+        """The last answer (the last send when none came): the end of what the node's CPU is read over."""
+        return max(self._answered_at(), default=self.sends[-1] if self.sends else 0.0)
+
     def others_cores(self) -> float:
         """Cores the node spent outside the stable pods, on average, from the first send until the
         last answer."""
-        answered = [s + x for s, x in zip(self.sends, self.latency, strict=True) if x is not None]
-        end = max(answered, default=self.sends[-1] if self.sends else 0.0)
-        span = [c for c in self.cpu if c[0] <= end]
+        span = [c for c in self.cpu if c[0] <= self._until_s()]
         if len(span) < 2 or span[-1][0] <= span[0][0]:
             return 0.0
-        (t0, busy0, pods0), (t1, busy1, pods1) = span[0], span[-1]
-        return max(0.0, ((busy1 - busy0) - (pods1 - pods0)) / (t1 - t0))
+        return max(0.0, _others(span[0], span[-1]))
 
     def spare_cores_over_time(self, cores: float) -> list[tuple[float, float]]:
         """(from seconds, cores) the rest of the node left to the stable pods between each two CPU
         samples, from the first send until the last answer: `cores` less what the rest took then."""
-        answered = [s + x for s, x in zip(self.sends, self.latency, strict=True) if x is not None]
-        end = max(answered, default=self.sends[-1] if self.sends else 0.0)
+        end = self._until_s()
         steps = []
-        for (t0, busy0, pods0), (t1, busy1, pods1) in itertools.pairwise(self.cpu):
-            if t0 > end or t1 <= t0:
+        for a, b in itertools.pairwise(self.cpu):
+            if a[0] > end or b[0] <= a[0]:
                 break
-            others = ((busy1 - busy0) - (pods1 - pods0)) / (t1 - t0)
             # At least a tenth of a core: 0 would mean no limit (node.cpus).
-            steps.append((round(t0, 2), round(min(cores, max(0.1, cores - others)), 2)))
+            steps.append((round(a[0], 2), round(min(cores, max(0.1, cores - _others(a, b))), 2)))
         return steps
 
     def first_cold_start_s(self) -> float:
@@ -99,7 +102,7 @@ class Replay:
 
     def first_served_s(self, service_s: float) -> float | None:
         """When the first pod took its first request: the first answer, less the synthesis it took."""
-        answered = [s + x for s, x in zip(self.sends, self.latency, strict=True) if x is not None]
+        answered = self._answered_at()
         return min(answered) - service_s if answered else None
 
     def summary(self, service_s: float) -> dict[str, Any]:
@@ -121,6 +124,11 @@ class Replay:
             "cold_start_waits": sum(1 for t in self.sends if served is None or t < served),
             "answers": {str(c): self.status.count(c) for c in sorted(set(self.status))},
         }
+
+
+def _others(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    """Cores the node spent outside the stable pods between CPU samples a and b (t, busy, pods' own)."""
+    return ((b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0])
 
 
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
