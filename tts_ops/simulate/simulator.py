@@ -83,14 +83,12 @@ class Result:
     pod_starts: int
     duration_s: float
     timeline: Timeline
+    second_ready_s: float | None = None  # when a second pod was first ready beside another
 
     def summary(self) -> dict[str, Any]:
         done = sorted(x for x in self.latencies if x is not None)
         first = self.latencies[0] if self.latencies else None
-        # From the first arrival to the first sample with two pods ready (the timeline's resolution).
-        second = next(
-            (t for t, ready in zip(self.timeline.t, self.timeline.ready, strict=True) if ready >= 2), None
-        )
+        second = self.second_ready_s
         second_s = round(second - self.arrivals[0], 2) if second is not None and self.arrivals else None
         return {
             "flavour": self.flavour,
@@ -126,6 +124,8 @@ class Simulation:
             routed_s=values["keda.http.endpoints_s" if flavour == "keda" else "kpa.activator_routes_s"],
             queue_proxy=flavour == "knative",
         )
+        # The requests so far: a closed-loop trace's callers add theirs as they are answered (_ended).
+        self.times, self.chars = list(trace.times), list(trace.chars)
         n = len(trace)
         self.latency: list[float | None] = [None] * n
         self.events: list[tuple[float, int, int, Any]] = []
@@ -146,6 +146,7 @@ class Simulation:
         self.arrivals_count = 0
         self.pod_seconds = 0.0
         self.timeline = Timeline()
+        self.second_ready_s: float | None = None
         # The interceptor forwards and a full pod answers 503; so does Knative's activator when
         # containerConcurrency is 0 (no breaker holds the request back).
         self.full_pod_refuses = flavour == "keda" or values["kpa.container_concurrency"] <= 0
@@ -256,7 +257,7 @@ class Simulation:
         waits there, else beside the others (overlap_factor), fixed at its start; alone but right
         after the pod's last call (BACK_TO_BACK_S), at back_to_back_factor times it. The node's cores
         (node.cpus) are shared with every other synthesis and cold start under way (node.py)."""
-        chars = self.trace.chars[i]
+        chars = self.chars[i]
         alone = self.workers == 1 or (pod.running == 0 and not pod.queue)
         if not alone:
             seconds = self.profile.overlapping_s(chars)
@@ -352,6 +353,29 @@ class Simulation:
         self.done[i] = True
         self.rejected += 1
         self.in_system -= 1
+        self._ended(i)
+
+    def _ended(self, i: int) -> None:
+        """Request i's caller has its answer (200, a refusal or a timeout). In a closed loop it sends
+        its next request think_s later, unless that is past the trace's end."""
+        if not self.trace.clients:
+            return
+        at = self.now + self.trace.think_s
+        if at > self.trace.until_s:
+            return
+        # Non-decreasing: answers come in time order and every caller thinks as long.
+        self.times.append(at)
+        self.chars.append(self.chars[i])
+        self.latency.append(None)
+        self.forwarded.append(0.0)
+        self.abandoned.append(False)
+        self.done.append(False)
+        self.is_event.append(self._is_event(len(self.times) - 1))
+
+    def _is_event(self, i: int) -> bool:
+        """Whether request i arrives as a CloudEvent through Kafka (keda.events_fraction of them, evenly)."""
+        fraction = self.v["keda.events_fraction"]
+        return self.flavour == "keda" and fraction > 0 and (i % (1 / fraction)) < 1
 
     def _dispatch(self) -> None:
         cap = self._capacity()
@@ -364,7 +388,7 @@ class Simulation:
                 if not self._ready_pods():
                     return
                 i = queue[0]
-                waited = self.now - self.trace.times[i]
+                waited = self.now - self.times[i]
                 if (
                     queue is self.held
                     and self.flavour == "keda"
@@ -427,6 +451,7 @@ class Simulation:
         self.done[i] = True
         self.timed_out += 1
         self.in_system -= 1
+        self._ended(i)
         if i in self.held:
             self.held.remove(i)
             return
@@ -443,7 +468,7 @@ class Simulation:
         if not self.abandoned[i]:
             self.done[i] = True
             self.in_system -= 1
-            lat = self.now - self.trace.times[i]
+            lat = self.now - self.times[i]
             keda_http = self.flavour == "keda" and not self.is_event[i]
             if keda_http:
                 # The add-on's scaler reports the host active while a request is in flight, so
@@ -454,6 +479,7 @@ class Simulation:
                 self.rejected += 1  # the interceptor stopped waiting for the headers: 502, work wasted
             else:
                 self.latency[i] = lat
+            self._ended(i)
         pod.running -= 1
         pod.last_end_s = self.now
         # The answer's connection goes back to the interceptor's pool, unless the pod has requests
@@ -527,6 +553,8 @@ class Simulation:
         self._scale_to(v["replicas.start"])
         for pod in self.pods:  # already running when the trace starts
             pod.state, pod.ready_s = "ready", 0.0
+        if len(self.pods) >= 2:
+            self.second_ready_s = 0.0
 
     def _activate(self) -> None:
         """A request at zero starts pods: the activator's poke (Knative) at once; the HTTP add-on's
@@ -613,19 +641,17 @@ class Simulation:
 
     # --- loop ----------------------------------------------------------------------------------
     def run(self) -> Result:
-        times = self.trace.times
-        n = len(times)
-        if self.flavour == "keda" and self.v["keda.events_fraction"] > 0:
-            step = 1 / self.v["keda.events_fraction"]
-            self.is_event = [(i % step) < 1 for i in range(n)]
-        horizon = (times[-1] if n else 0.0) + 3600.0  # an hour after the last arrival, to see idle cost
+        times = self.times  # grows as a closed loop's callers send again (_ended)
+        self.is_event = [self._is_event(i) for i in range(len(times))]
+        last = max(times[-1] if times else 0.0, self.trace.until_s if self.trace.clients else 0.0)
+        horizon = last + 3600.0  # an hour after the last arrival, to see idle cost
         sample_s = max(1.0, horizon / 4000)
         self._setup()
         self._push(0.0, _SAMPLE)
         nxt = 0
         events = self.events
         while True:
-            if nxt < n and (not events or times[nxt] <= events[0][0]):
+            if nxt < len(times) and (not events or times[nxt] <= events[0][0]):
                 self._advance(times[nxt])
                 self._arrive(nxt)
                 nxt += 1
@@ -633,7 +659,7 @@ class Simulation:
             if not events:
                 break
             t, _, kind, data = heapq.heappop(events)
-            if t > horizon and nxt >= n:
+            if t > horizon and nxt >= len(times):
                 break
             self._advance(t)
             if kind == _WORK:
@@ -643,6 +669,8 @@ class Simulation:
             elif kind == _READY:
                 if data.state == "starting":
                     data.state = "ready"
+                    if self.second_ready_s is None and len(self._ready_pods()) >= 2:
+                        self.second_ready_s = self.now
                     self._dispatch()
             elif kind == _TICK:
                 if self.flavour == "knative":
@@ -681,6 +709,7 @@ class Simulation:
             self.pod_starts,
             self.now,
             self.timeline,
+            self.second_ready_s,
         )
 
 

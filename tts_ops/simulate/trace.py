@@ -8,6 +8,14 @@ Generator specs (`KIND:key=value,...`; seeds make them reproducible):
   bursts:rate=R,on=S,off=S,duration=S[,chars=N][,seed=K]  Poisson during `on`, silence during `off`
   diurnal:peak=R,duration=S[,period=86400][,chars=N][,seed=K]  rate = peak x (1 - cos(2 pi t / period)) / 2
   idle:after=S[,count=1][,chars=N]                      `count` requests at once after S idle seconds
+  closed:clients=N,duration=S[,think=S][,chars=N]       N callers in a loop from 0 s: each sends its next
+                                                        request `think` s after its last one's answer
+                                                        (200 or not), none after `duration`
+
+A closed loop is what a load test's callers make (locust, test_scaling's threads): the load follows
+the service, so waiting requests never outnumber the callers. Replayed open-loop at the times a real
+system let them leave, it is exact only for a model exactly as fast as that system: a model a tenth
+slower queues what the callers never sent.
 """
 
 from __future__ import annotations
@@ -26,9 +34,16 @@ DEFAULT_CHARS = 120  # a two-sentence reply
 
 @dataclass
 class Trace:
+    """Requests at `times` with `chars` each. With `clients` > 0 a closed loop: `times` are the callers'
+    first sends, and each caller sends again (the same length) `think_s` after each answer until
+    `until_s` (the simulator adds those requests as it runs)."""
+
     times: list[float]
     chars: list[int]
     source: str
+    clients: int = 0
+    think_s: float = 0.0
+    until_s: float = math.inf
 
     def __len__(self) -> int:
         return len(self.times)
@@ -157,9 +172,15 @@ def generate(spec: str) -> Trace:
     elif kind == "idle":
         p = _params(spec, {"after": 3600, "count": 1, "chars": DEFAULT_CHARS}, {"after"})
         times = [p["after"]] * int(p["count"])
+    elif kind == "closed":
+        p = _params(spec, {"clients": 1, "duration": 60, "think": 0, "chars": DEFAULT_CHARS}, {"clients"})
+        clients = int(p["clients"])
+        if clients < 1 or clients != p["clients"]:
+            raise SimulateError(f"trace {spec!r}: clients must be a whole number >= 1")
+        return Trace([0.0] * clients, [int(p["chars"])] * clients, spec, clients, p["think"], p["duration"])
     else:
         raise SimulateError(f"trace {spec!r}: unknown generator {kind!r} (expected {', '.join(GENERATORS)})")
     return Trace(times, [int(p["chars"])] * len(times), spec)
 
 
-GENERATORS = ("poisson", "bursts", "diurnal", "idle")
+GENERATORS = ("poisson", "bursts", "diurnal", "idle", "closed")
