@@ -13,7 +13,8 @@ network namespace, and the activator and gateway are the data path a request fro
 
 What differs from upstream's YAML, each for a reason given where it is done: images, the smaller CPU
 requests of a 2-CPU node (and one for the pods that ask for none), no HorizontalPodAutoscalers (no metrics-server here), no preStop hook in the
-gateway (its image has no shell), and the ingress class set to Kourier.
+gateway (its image has no shell), the ingress class set to Kourier, and the mesh compatibility mode
+set to disabled (there is no mesh).
 Run: python -m cluster.knative (after `make cluster`)."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from cluster import gomod, node, oci, pins, platform
 
 Obj = dict[str, Any]
 KOURIER_CLASS = "kourier.ingress.networking.knative.dev"
+MESH_COMPATIBILITY_MODE = "disabled"  # config-network: pod addresses only, never the ClusterIP (_adapt)
 # The most CPU a control-plane pod asks for on this 2-CPU node: upstream's requests (activator 300m,
 # gateway 200m, the rest 100m) would hold a third of the node before the first predictor pod.
 MAX_CPU_REQUEST_MILLI = 50
@@ -164,12 +166,25 @@ def _adapt(obj: Obj, images: dict[str, str]) -> Obj | None:
                 # Envoy writes its admin socket and hot-restart files under /tmp; the image has none.
                 container.setdefault("volumeMounts", []).append({"name": "tmp", "mountPath": "/tmp"})
                 spec.setdefault("volumes", []).append({"name": "tmp", "emptyDir": {}})
+    if obj["kind"] == "Deployment" and obj["metadata"]["name"] == "activator":
+        # The activator reads config-network once, at its start: naming the mode in its pod template
+        # restarts it when a cluster made before the mode was set is deployed to again.
+        template = obj["spec"]["template"].setdefault("metadata", {})
+        template.setdefault("annotations", {})["tts-predictor/mesh-compatibility-mode"] = (
+            MESH_COMPATIBILITY_MODE
+        )
     if obj["kind"] == "Image":  # caching.internal.knative.dev: the queue-proxy image, pre-pulled
         obj["spec"]["image"] = images.get(obj["spec"]["image"], obj["spec"]["image"])
     if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "config-deployment":
         obj["data"]["queue-sidecar-image"] = images["ko://knative.dev/serving/cmd/queue"]
     if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "config-network":
         obj.setdefault("data", {})["ingress-class"] = KOURIER_CLASS
+        # No mesh here: the activator always routes to the pods it probed itself. Under upstream's
+        # "auto", a revision whose pods all answer its probe 503 (not ready yet) while its ClusterIP
+        # answers 200 (a pod the kubelet has marked Ready) is taken for meshed, for good: every later
+        # wake then waits for the kubelet's Ready, 0.5-1 s after the activator's own probe would have
+        # passed (serving pkg/activator/net/revision_backends.go checkDests; docs/cluster.md).
+        obj["data"]["mesh-compatibility-mode"] = MESH_COMPATIBILITY_MODE
     return obj
 
 
