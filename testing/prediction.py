@@ -21,6 +21,7 @@ def canary_profile(cluster: Cluster) -> Any:
 
     canary = [p for p in cluster.pods(NAMESPACE, "serving.kserve.io/inferenceservice=tts-canary") if ready(p)]
     assert canary, "no ready canary pod to profile"
+    share = mos_sample(canary[0])
     with port_forward(cluster, NAMESPACE, canary[0]["metadata"]["name"], 8080) as url:
         # At the length every e2e trace sends, means of twenty after a pause and twenty back to back
         # (profile.measure): a half-core pod's times have a long tail (the sentence back to back:
@@ -28,11 +29,29 @@ def canary_profile(cluster: Cluster) -> Any:
         # moved by 10 % from one profile to the next.
         # No overlap factor: the e2e overlays' pods run one engine worker, which a simulated pod
         # then does whatever the factor (simulator.Simulation.workers).
-        measured = profile.measure(url, repeats=20, lengths=(len(SENTENCE), 160), overlap=1)
+        # Both flavours' pods record shadow traffic and score SHADOW_MOS_SAMPLE of it with DNSMOS (about
+        # 0.75 s of a half-core pod's time over the calls after one): the back-to-back calls carry that
+        # share of scored ids, as a burst's pods do on average. Twenty unscored calls back to back took
+        # 1.30 times one after a pause, with one scored 1.39; profiles of random ids put the knative
+        # burst's p50 at 1.5 s in one e2e run and 4.1 s in the next hour's replay (cluster 3.2, 2.7).
+        measured = profile.measure(url, repeats=20, lengths=(len(SENTENCE), 160), overlap=1, mos_sample=share)
         round_trip = _round_trip_s(url)
     # The port-forward's own round trip (through the API server and the kubelet) is the profile's,
     # not the pod's: the replay reaches the pods over the node's network, where it is a millisecond.
     return dataclasses.replace(measured, base_s=max(0.0, measured.base_s - round_trip))
+
+
+def mos_sample(pod: dict[str, Any]) -> float:
+    """The share of requests the pod's predictor scores for MOS: SHADOW_MOS_SAMPLE from its spec, else
+    the Settings default, where it records shadow traffic (SHADOW_SINK); else none."""
+    from predictor.config import Settings
+
+    env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c.get("env", [])}
+    if not env.get("SHADOW_SINK"):
+        return 0.0
+    if env.get("SHADOW_MOS_SAMPLE") is not None:
+        return float(env["SHADOW_MOS_SAMPLE"])
+    return float(Settings.model_fields["shadow_mos_sample"].default)
 
 
 def _round_trip_s(url: str, n: int = 10) -> float:

@@ -100,7 +100,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     try:
         measured = profile.measure(
-            args.url, repeats=args.repeats, engine=args.engine, device=args.device, overlap=args.overlap
+            args.url,
+            repeats=args.repeats,
+            engine=args.engine,
+            device=args.device,
+            overlap=args.overlap,
+            mos_sample=args.mos_sample,
         )
         measured = profile.admit(measured, force=args.force)
         if measured.forced:
@@ -240,6 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="what the predictor runs on (default cpu)"
+    )
+    p.add_argument(
+        "--mos-sample",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="the predictor's SHADOW_MOS_SAMPLE where it records shadow traffic (SHADOW_SINK): that "
+        "share of the back-to-back calls, evenly spread, carry request ids it scores for MOS, none of "
+        "the calls after a pause (default 0: the ids are not chosen for it)",
     )
     p.add_argument(
         "--force",

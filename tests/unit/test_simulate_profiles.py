@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from predictor.shadow.recorder import mos_sampled
 from tts_ops import cli
 from tts_ops.simulate import profile, settings
 from tts_ops.simulate.errors import SimulateError
@@ -219,6 +220,11 @@ class _Predictor:
         # CPU-limited pod's quota spent by the call before).
         self.quota: tuple[float, float] | None = None
         self.last_end = -1e9
+        # mos: (share, seconds): a call whose x-request-id is in the MOS sample at that share leaves
+        # that much scoring to the next call (the records' thread shares the pod's CPU); ids, in order.
+        self.mos: tuple[float, float] | None = None
+        self.owed_s = 0.0
+        self.ids: list[str] = []
 
     def load_average(self) -> float:
         self.events.append("load")
@@ -238,6 +244,11 @@ class _Predictor:
                     seconds = self.sleeps.pop(0) if self.sleeps else self.synthesis_s
                     if self.quota and time.perf_counter() - self.last_end < self.quota[0]:
                         seconds *= self.quota[1]
+                    rid = request.headers["x-request-id"]
+                    self.ids.append(rid)
+                    seconds, self.owed_s = seconds + self.owed_s, 0.0
+                    if self.mos and mos_sampled(rid, self.mos[0]):
+                        self.owed_s = self.mos[1]
                     time.sleep(seconds)
                     self.last_end = time.perf_counter()
                 return httpx.Response(200, json={"outputs": []})
@@ -324,6 +335,32 @@ def test_measure_times_calls_after_a_pause_and_back_to_back_apart():
     assert measured.back_to_back_s(20) == pytest.approx(
         measured.synthesis_s(20) * measured.back_to_back_factor
     )
+
+
+def test_the_back_to_back_calls_carry_the_predictors_mos_share_and_the_calls_after_a_pause_none():
+    # One id in twenty scored (a share of 0.05) costs the call after it 0.2 s more: the back-to-back
+    # mean carries exactly that one, whatever ids a run happens to draw.
+    predictor = _Predictor("onnx", [0.1, 0.1], synthesis_s=0.01)
+    predictor.mos = (0.05, 0.2)
+
+    measured = predictor.measure(repeats=20, overlap=1, mos_sample=0.05)
+
+    after_pause, back_to_back = predictor.ids[:40], predictor.ids[41:]
+    assert not any(mos_sampled(rid, 0.05) for rid in after_pause)
+    assert [i for i, rid in enumerate(back_to_back) if mos_sampled(rid, 0.05)] == [10]
+    assert len(set(predictor.ids)) == len(predictor.ids)
+    # (20 x 0.01 + 0.2) / 20 against 0.01: about 2.
+    assert 1.6 < measured.back_to_back_factor < 2.8, measured.back_to_back_factor
+
+
+def test_without_a_mos_share_no_call_is_chosen_to_be_scored():
+    predictor = _Predictor("onnx", [0.1, 0.1], synthesis_s=0.01)
+
+    predictor.measure(repeats=20, overlap=1)
+
+    assert len(predictor.ids) == 2 * 20 + 21
+    with pytest.raises(SimulateError, match=r"mos_sample 1\.5"):
+        predictor.measure(mos_sample=1.5)
 
 
 def test_a_profile_written_before_averages_were_recorded_reads_as_medians(tmp_path):

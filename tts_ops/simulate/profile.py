@@ -273,6 +273,7 @@ def measure(
     transport: httpx.BaseTransport | None = None,
     overlap: int = OVERLAP,
     idle_gap_s: float = IDLE_GAP_S,
+    mos_sample: float = 0.0,
 ) -> Profile:
     """Time real requests against a ready predictor at `url` and read its cold-start gauges.
 
@@ -282,11 +283,18 @@ def measure(
     what a call costs beside others on this predictor as it runs (its ENGINE_WORKERS and CPUs).
     Each timed repeat waits IDLE_GAP_S first (the points are calls after idle); REPEATS calls of the
     first length back to back then give back_to_back_factor.
+    MOS_SAMPLE is the predictor's SHADOW_MOS_SAMPLE where it records shadow traffic: each call carries
+    an x-request-id, none of the calls after a pause is in the MOS sample and round(MOS_SAMPLE x
+    REPEATS) of the back-to-back calls are, spread evenly, so the back-to-back time carries the share
+    of DNSMOS work every busy pod pays, not a draw of it (a scored call costs a half-core pod about
+    0.75 s over the calls after it; 0 to 3 of twenty random ids moved the factor from 1.30 to 1.51).
     LOAD_AVERAGE, CORES and TRANSPORT are seams for tests (the machine's load, os.cpu_count(), HTTP)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     url = url.rstrip("/")
+    if not 0 <= mos_sample <= 1:
+        raise SimulateError(f"mos_sample {mos_sample}: a share of requests, from 0 to 1")
     cores = (os.cpu_count() or 0) if cores is None else cores
     load_start = load_average()
     with httpx.Client(timeout=120, transport=transport) as client:
@@ -303,12 +311,16 @@ def measure(
         if reported is not None and engine is not None and reported != engine:
             raise SimulateError(f"--engine {engine}: the predictor at {url} reports engine {reported}")
 
-        def infer(n: int) -> float:
-            """Seconds of one v2 request of n characters."""
+        ids = _RequestIds(mos_sample)
+
+        def infer(n: int, scored: bool = False) -> float:
+            """Seconds of one v2 request of n characters; SCORED: its id is in the MOS sample."""
             text = _text(n)
             body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
             t0 = time.perf_counter()
-            r = client.post(f"{url}/v2/models/{model}/infer", json=body)
+            r = client.post(
+                f"{url}/v2/models/{model}/infer", json=body, headers={"x-request-id": ids.next(scored)}
+            )
             if r.status_code != 200:
                 raise SimulateError(f"{url}: infer answered {r.status_code}: {r.text[:200]}")
             return time.perf_counter() - t0
@@ -319,7 +331,8 @@ def measure(
 
         points = [(len(_text(n)), statistics.mean(after_idle(n) for _ in range(repeats))) for n in lengths]
         # Back to back, after one call of that length that is not counted (it follows another length).
-        back_to_back = [infer(lengths[0]) for _ in range(repeats + 1)][1:]
+        scored = _spread(round(mos_sample * repeats), repeats)
+        back_to_back = [infer(lengths[0], i - 1 in scored) for i in range(repeats + 1)][1:]
         back_to_back_factor = round(statistics.mean(back_to_back) / points[0][1], 3) if points[0][1] else 0.0
         overlap_factor = 0.0
         if overlap > 1:
@@ -361,6 +374,30 @@ def measure(
         average="mean",
         back_to_back_factor=back_to_back_factor,
     )
+
+
+class _RequestIds:
+    """Request ids in or out of a predictor's MOS sample (predictor.shadow.recorder.mos_sampled: a
+    hash of the id, so whether an id is scored is known before it is sent)."""
+
+    def __init__(self, share: float) -> None:
+        self.share, self._n = share, 0
+
+    def next(self, scored: bool) -> str:
+        from predictor.shadow.recorder import mos_sampled
+
+        if scored and self.share <= 0:
+            raise ValueError("no id is scored at a MOS share of 0")
+        while True:
+            self._n += 1
+            rid = f"profile-{os.getpid()}-{self._n}"
+            if self.share >= 1 or mos_sampled(rid, self.share) == scored:  # at 1, every id is scored
+                return rid
+
+
+def _spread(k: int, n: int) -> set[int]:
+    """K of the positions 0..N-1, evenly apart (the middle of each of K equal parts)."""
+    return {int((j + 0.5) * n / k) for j in range(k)} if k > 0 else set()
 
 
 def _text(n: int) -> str:
