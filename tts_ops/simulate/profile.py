@@ -331,8 +331,9 @@ def measure(
 
         points = [(len(_text(n)), statistics.mean(after_idle(n) for _ in range(repeats))) for n in lengths]
         # Back to back, after one call of that length that is not counted (it follows another length).
+        infer(lengths[0])
         scored = _spread(round(mos_sample * repeats), repeats)
-        back_to_back = [infer(lengths[0], i - 1 in scored) for i in range(repeats + 1)][1:]
+        back_to_back = [infer(lengths[0], i in scored) for i in range(repeats)]
         back_to_back_factor = round(statistics.mean(back_to_back) / points[0][1], 3) if points[0][1] else 0.0
         overlap_factor = 0.0
         if overlap > 1:
