@@ -69,12 +69,15 @@ class OnnxEngine(PiperEngine):
         # One request at a time runs through the graph; parallelism lives inside each operator.
         self._options.inter_op_num_threads = 1
         if device == "cpu":
-            # No spinning: the voice runs as three sessions (prior, flow, decoder), each with its own intra-op
-            # pool, and a pool that spins after its run holds the CPUs the next one needs (and the event
-            # loop's). The engine alone in a process on 2 CPUs, medians of 7 on bench/piper.py's texts
-            # (docs/benchmarks.md, "Against Piper's own server"): 26 characters 135-148 ms spinning vs
-            # 89-92 ms not; ten sentences 1535-1851 vs 1169-1251 ms; one 345-character sentence the same.
-            self._options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            # Spinning within a run, stopped when it returns: the voice runs as three sessions (prior, flow,
+            # decoder), each with its own intra-op pool, and a pool left spinning after its run held the
+            # CPUs the next one needed (and the event loop's): the engine alone on 2 CPUs took 135-148 ms
+            # for 26 characters against 89-92 ms with no spinning at all. Stopping it at the end of each
+            # run keeps that away, and spinning between a run's operators saves each one's wake-up: 26 / 99
+            # characters and three sentences 67.5-67.8 / 263-278 / 413-417 ms without spinning, 61.7-62.5 /
+            # 249-259 / 388-396 ms so (docs/benchmarks.md, "The upsampling as convolutions").
+            self._options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+            self._options.add_session_config_entry("session.force_spinning_stop", "1")
         self._prior: onnxruntime.InferenceSession | None = None
         self._flow: onnxruntime.InferenceSession | None = None
         self._decoder: onnxruntime.InferenceSession | None = None
