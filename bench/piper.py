@@ -28,6 +28,12 @@ from bench.common import PYTHON, Predictor, Row, Session, SuiteResult, log, medi
 from testing.ports import free_port
 
 ROUNDS = 7
+# A pause before each lone timed request, so it starts on a quiet machine: a server's work does not end
+# with its answer (Piper's onnxruntime pool spins on after each run: about 30 ms of its CPU in the
+# 40 ms after an answer, sampled from /proc), and without the pause the request sent next, the other
+# server's, shared the two CPUs with it (ours after Piper's: 93 ms for 26 characters, 69 ms after our
+# own; docs/benchmarks.md).
+SETTLE_S = 0.1
 TEXTS = {
     "one short sentence": "The weather is nice today.",
     "one medium sentence": (
@@ -159,6 +165,14 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def _lone(fn: Callable[[], object]) -> float:
+    """Seconds of one request sent alone, after SETTLE_S of quiet."""
+    time.sleep(SETTLE_S)
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def _load(send: Callable[[httpx.Client, str], bytes], clients: int) -> tuple[float, list[float]]:
     """(requests per second, latencies) of LOAD_REQUESTS requests from ``clients`` concurrent clients."""
     texts = [TEXTS["one medium sentence"], TEXTS["three sentences"]] * (LOAD_REQUESTS // 2)
@@ -194,8 +208,9 @@ def run(session: Session) -> SuiteResult:
         for name, text in TEXTS.items():
             ours, theirs, firsts = [], [], []
             for _ in range(ROUNDS):
-                ours.append(_timed(partial(_ours, client, p, text)))
-                theirs.append(_timed(partial(piper.synthesize, client, text)))
+                ours.append(_lone(partial(_ours, client, p, text)))
+                theirs.append(_lone(partial(piper.synthesize, client, text)))
+                time.sleep(SETTLE_S)
                 firsts.append(_our_first_audio(client, p, text)[0])
             whole, base = median(ours), median(theirs)
             res.rows.append(
@@ -249,8 +264,8 @@ def run(session: Session) -> SuiteResult:
                 text = TEXTS[name]
                 mine, theirs = [], []
                 for _ in range(ROUNDS):
-                    mine.append(_timed(partial(_ours, client, ours[workers], text)))
-                    theirs.append(_timed(partial(piper.synthesize, client, text)))
+                    mine.append(_lone(partial(_ours, client, ours[workers], text)))
+                    theirs.append(_lone(partial(piper.synthesize, client, text)))
                 res.rows.append(
                     Row(
                         "piper",
