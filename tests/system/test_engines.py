@@ -335,3 +335,31 @@ def test_seeded_word_times_agree_between_the_engines(engines):
     ((_, theirs),) = onnx_engine.align_checked(TEXTS[1:2], SynthesisParams(seed=5))
 
     assert ours == theirs
+
+
+def test_the_published_decoder_gives_the_voices_own_decoders_audio(voice_dir):
+    """decoder.onnx as publish writes it against Piper's graph cut at the same place, untouched."""
+    import onnx
+    import onnx.utils
+
+    from predictor.engine.voice_files import DECODER_ONNX, LATENT_NAME
+
+    piper = onnx.load(str(voice_dir / "model.onnx"))
+    cut = next(n for n in piper.graph.node if n.name == "/dec/conv_pre/Conv").input[0]
+    untouched = onnx.utils.Extractor(piper).extract_model([cut], [o.name for o in piper.graph.output])
+    published = onnx.load(str(voice_dir / DECODER_ONNX))
+    assert "ConvTranspose" in {n.op_type for n in untouched.graph.node}
+    assert "ConvTranspose" not in {n.op_type for n in published.graph.node}
+    latent = np.random.default_rng(3).standard_normal((1, 192, 90)).astype(np.float32)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+
+    def run(model: onnx.ModelProto, name: str) -> np.ndarray:
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        return session.run(None, {name: latent})[0]
+
+    expected, got = run(untouched, cut), run(published, LATENT_NAME)
+    assert got.shape == expected.shape == (1, 1, 1, 90 * 256)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)

@@ -1,5 +1,6 @@
 """The decoder's transposed convolutions rewritten as convolutions (engine/exported_graph.py,
-polyphase_upsampling): the same output on onnxruntime, for the shapes HiFi-GAN uses and others."""
+polyphase_upsampling): the same output on onnxruntime, for the shapes HiFi-GAN uses and others. The
+voice's own published decoder against its untouched one: system/test_engines.py."""
 
 from __future__ import annotations
 
@@ -95,30 +96,3 @@ def test_a_transposed_convolution_of_another_shape_is_left_as_it_is(kernel, stri
     model = _upsampling(8, 4, kernel, stride, pad, seed=2, **extra)
     before = model.SerializeToString()
     assert polyphase_upsampling(model).SerializeToString() == before
-
-
-def test_the_published_decoder_gives_the_voices_own_decoders_audio(voice_dir):
-    """decoder.onnx as publish writes it against Piper's graph cut at the same place, untouched."""
-    import onnx.utils
-
-    from predictor.engine.voice_files import DECODER_ONNX, LATENT_NAME
-
-    piper = onnx.load(str(voice_dir / "model.onnx"))
-    cut = next(n for n in piper.graph.node if n.name == "/dec/conv_pre/Conv").input[0]
-    untouched = onnx.utils.Extractor(piper).extract_model([cut], [o.name for o in piper.graph.output])
-    published = onnx.load(str(voice_dir / DECODER_ONNX))
-    assert "ConvTranspose" in {n.op_type for n in untouched.graph.node}
-    assert "ConvTranspose" not in {n.op_type for n in published.graph.node}
-    latent = np.random.default_rng(3).standard_normal((1, 192, 90)).astype(np.float32)
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
-
-    def run(model: onnx.ModelProto, name: str) -> np.ndarray:
-        session = onnxruntime.InferenceSession(
-            model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-        )
-        return session.run(None, {name: latent})[0]
-
-    expected, got = run(untouched, cut), run(published, LATENT_NAME)
-    assert got.shape == expected.shape == (1, 1, 1, 90 * 256)
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
