@@ -30,6 +30,12 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 # Same params everywhere: deterministic synthesis, so every run does the same work.
 PARAMS = {"noise_scale": 0.0, "noise_w": 0.0}
 THREADS = 2  # engine intra-op threads, for the server (CPU_THREADS) and the in-process engine alike
+# A pause before each timed request that alternates with another server or runtime, so it starts on a
+# quiet machine: work does not end with an answer (Piper's onnxruntime pool spins on after each run:
+# about 30 ms of its CPU in the 40 ms after an answer, sampled from /proc), and without the pause the
+# next timed request, the other side's, shared the two CPUs with it (ours after Piper's server: 93 ms
+# for 26 characters, 69 ms after our own; docs/benchmarks.md, "A fair lone request").
+SETTLE_S = 0.1
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -68,6 +74,11 @@ def failed_sample(status: int, body_bytes: int) -> str | None:
     if body_bytes == 0:
         return "empty body"
     return None
+
+
+def settle() -> None:
+    """SETTLE_S of quiet before a timed request that alternates with another side's."""
+    time.sleep(SETTLE_S)
 
 
 def median(xs: list[float]) -> float:

@@ -24,16 +24,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.common import PYTHON, Predictor, Row, Session, SuiteResult, log, median, percentile
+from bench.common import PYTHON, Predictor, Row, Session, SuiteResult, log, median, percentile, settle
 from testing.ports import free_port
 
 ROUNDS = 7
-# A pause before each lone timed request, so it starts on a quiet machine: a server's work does not end
-# with its answer (Piper's onnxruntime pool spins on after each run: about 30 ms of its CPU in the
-# 40 ms after an answer, sampled from /proc), and without the pause the request sent next, the other
-# server's, shared the two CPUs with it (ours after Piper's: 93 ms for 26 characters, 69 ms after our
-# own; docs/benchmarks.md).
-SETTLE_S = 0.1
 TEXTS = {
     "one short sentence": "The weather is nice today.",
     "one medium sentence": (
@@ -167,7 +161,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def _lone(fn: Callable[[], object]) -> float:
     """Seconds of one request sent alone, after SETTLE_S of quiet."""
-    time.sleep(SETTLE_S)
+    settle()
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -210,7 +204,7 @@ def run(session: Session) -> SuiteResult:
             for _ in range(ROUNDS):
                 ours.append(_lone(partial(_ours, client, p, text)))
                 theirs.append(_lone(partial(piper.synthesize, client, text)))
-                time.sleep(SETTLE_S)
+                settle()
                 firsts.append(_our_first_audio(client, p, text)[0])
             whole, base = median(ours), median(theirs)
             res.rows.append(

@@ -26,7 +26,19 @@ from typing import Any
 
 import httpx
 
-from bench.common import PARAMS, PYTHON, THREADS, Predictor, Row, Session, SuiteResult, aws_env, log, median
+from bench.common import (
+    PARAMS,
+    PYTHON,
+    THREADS,
+    Predictor,
+    Row,
+    Session,
+    SuiteResult,
+    aws_env,
+    log,
+    median,
+    settle,
+)
 
 SENTENCE_25 = (
     "When the evening train finally pulled into the quiet station, the tired travellers gathered "
@@ -130,14 +142,18 @@ def _piper(res: SuiteResult, p: Predictor, model_dir: Path) -> None:
     next(iter(voice.synthesize(SENTENCE_25, config)))  # warm
     ours_first, piper_first, ours_whole, piper_whole = [], [], [], []
     for _ in range(ROUNDS):
+        settle()
         ours_first.append(_speech(p, SENTENCE_25, True)[0])
+        settle()
         start = time.perf_counter()
         chunks = iter(voice.synthesize(SENTENCE_25, config))
         next(chunks)
         piper_first.append(time.perf_counter() - start)
         for _ in chunks:
             pass
+        settle()
         ours_whole.append(_v2(p, SENTENCE_25))
+        settle()
         start = time.perf_counter()
         for _ in voice.synthesize(SENTENCE_25, SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)):
             pass
