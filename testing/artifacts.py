@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 
 def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> Path:
@@ -11,16 +12,25 @@ def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> P
     input and durations output: encoder.onnx (prior and flow in one part) drawing its noise inside
     (RandomNormalLike, no ``noise`` input) and giving out no ``durations``, beside decoder.onnx; no
     prior.onnx or flow.onnx. Made by undoing the rewrites on the encoder split_onnx cuts, so the test
-    does not lean on the rewrites it tests."""
+    does not lean on the rewrites it tests. Its decoder.onnx is as it was then too: the transposed
+    convolutions untouched (``untouched_decoder``)."""
     import onnx
     from onnx import helper
 
     from predictor.engine.exported_graph import split_onnx
-    from predictor.engine.voice_files import DURATIONS_NAME, ENCODER_ONNX, FLOW_ONNX, NOISE_NAME, PRIOR_ONNX
+    from predictor.engine.voice_files import (
+        DECODER_ONNX,
+        DURATIONS_NAME,
+        ENCODER_ONNX,
+        FLOW_ONNX,
+        NOISE_NAME,
+        PRIOR_ONNX,
+    )
 
     shutil.copytree(voice_dir, out_dir)
     for part in (PRIOR_ONNX, FLOW_ONNX):
         (out_dir / part).unlink()
+    onnx.save(untouched_decoder(out_dir / "model.onnx"), str(out_dir / DECODER_ONNX))
     encoder, _ = split_onnx(out_dir / "model.onnx")
     graph = encoder.graph
     producers = {o: n for n in graph.node for o in n.output}
@@ -51,3 +61,20 @@ def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> P
     graph.output.extend(outputs)
     onnx.save(encoder, str(out_dir / ENCODER_ONNX))
     return out_dir
+
+
+def untouched_decoder(model_onnx: Path) -> Any:
+    """Piper's graph cut at the generator's input (``latent``) with nothing rewritten: the decoder.onnx
+    publish wrote before polyphase_upsampling."""
+    import onnx
+    import onnx.utils
+
+    from predictor.engine.voice_files import LATENT_NAME
+
+    piper = onnx.load(str(model_onnx))
+    cut = next(n for n in piper.graph.node if n.name == "/dec/conv_pre/Conv").input[0]
+    decoder = onnx.utils.Extractor(piper).extract_model([cut], [o.name for o in piper.graph.output])
+    for node in decoder.graph.node:
+        node.input[:] = [LATENT_NAME if i == cut else i for i in node.input]
+    decoder.graph.input[0].name = LATENT_NAME
+    return decoder

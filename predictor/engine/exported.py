@@ -119,12 +119,17 @@ class OnnxEngine(PiperEngine):
             return [str(model_dir / name) for name in (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX)]
         import onnx
 
-        from predictor.engine.exported_graph import prepare_encoder, split_flow, split_onnx
+        from predictor.engine.exported_graph import (
+            polyphase_upsampling,
+            prepare_encoder,
+            split_flow,
+            split_onnx,
+        )
 
         if (model_dir / ENCODER_ONNX).exists() and (model_dir / DECODER_ONNX).exists():
             # Split before the flow was cut off, maybe before the noise input and durations output.
             encoder = prepare_encoder(onnx.load(str(model_dir / ENCODER_ONNX)))
-            decoder: str | bytes = str(model_dir / DECODER_ONNX)
+            decoder = polyphase_upsampling(onnx.load(str(model_dir / DECODER_ONNX))).SerializeToString()
         else:
             # Published before any split: publish's conversion of model.onnx.
             encoder, whole_decoder = split_onnx(model_dir / "model.onnx")

@@ -13,7 +13,10 @@ CPU image can apply them to an artifact published before they existed):
     channel per phase, interleaved (the same sums in another order, in about half the time).
 
 Publish applies all of them (engine/convert.write_onnx_split); engine/exported.py applies what an
-older artifact lacks, in memory, at load.
+older artifact lacks, in memory, at load, where it has to load onnx anyway: an artifact that already
+holds prior.onnx, flow.onnx and decoder.onnx is loaded as it is (no onnx import at cold start), so a
+decoder.onnx published before polyphase_upsampling runs unchanged (the same audio, slower) until the
+voice is published again.
 """
 
 from __future__ import annotations

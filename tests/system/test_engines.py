@@ -20,7 +20,7 @@ from predictor.engine.base import SynthesisParams
 from predictor.engine.exported import OnnxEngine
 from predictor.engine.native import TorchEngine
 from predictor.errors import BadRequest, EngineError
-from testing.artifacts import as_published_before_noise_and_durations
+from testing.artifacts import as_published_before_noise_and_durations, untouched_decoder
 from testing.audio import check_samples
 from testing.predictor import run_synth
 
@@ -340,13 +340,10 @@ def test_seeded_word_times_agree_between_the_engines(engines):
 def test_the_published_decoder_gives_the_voices_own_decoders_audio(voice_dir):
     """decoder.onnx as publish writes it against Piper's graph cut at the same place, untouched."""
     import onnx
-    import onnx.utils
 
     from predictor.engine.voice_files import DECODER_ONNX, LATENT_NAME
 
-    piper = onnx.load(str(voice_dir / "model.onnx"))
-    cut = next(n for n in piper.graph.node if n.name == "/dec/conv_pre/Conv").input[0]
-    untouched = onnx.utils.Extractor(piper).extract_model([cut], [o.name for o in piper.graph.output])
+    untouched = untouched_decoder(voice_dir / "model.onnx")
     published = onnx.load(str(voice_dir / DECODER_ONNX))
     assert "ConvTranspose" in {n.op_type for n in untouched.graph.node}
     assert "ConvTranspose" not in {n.op_type for n in published.graph.node}
@@ -354,12 +351,12 @@ def test_the_published_decoder_gives_the_voices_own_decoders_audio(voice_dir):
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
 
-    def run(model: onnx.ModelProto, name: str) -> np.ndarray:
+    def run(model: onnx.ModelProto) -> np.ndarray:
         session = onnxruntime.InferenceSession(
             model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
         )
-        return session.run(None, {name: latent})[0]
+        return session.run(None, {LATENT_NAME: latent})[0]
 
-    expected, got = run(untouched, cut), run(published, LATENT_NAME)
+    expected, got = run(untouched), run(published)
     assert got.shape == expected.shape == (1, 1, 1, 90 * 256)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
