@@ -162,9 +162,7 @@ def _timed(fn: Callable[[], object]) -> float:
 def _lone(fn: Callable[[], object]) -> float:
     """Seconds of one request sent alone, after SETTLE_S of quiet."""
     settle()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    return _timed(fn)
 
 
 def _load(send: Callable[[httpx.Client, str], bytes], clients: int) -> tuple[float, list[float]]:

@@ -1,8 +1,9 @@
 """Rewrites of Piper's exported ONNX graph that the onnx engine runs, with onnx alone (no torch, so the
 CPU image can apply them to an artifact published before they existed):
 
-  * ``split_onnx``: cut at the generator's input into an encoder (phoneme ids -> latent frames)
-    and decoder.onnx (latent -> audio), so a stream can decode the latent in windows;
+  * ``split_onnx``: cut at the generator's input (``cut_at_generator``) into an encoder (phoneme
+    ids -> latent frames) and decoder.onnx (latent -> audio), so a stream can decode the latent in
+    windows;
   * ``split_flow``: cut the encoder again at the flow's input into prior.onnx (phoneme ids -> the
     prior's sample z_p, the frame mask and the durations) and flow.onnx (z_p -> latent), so a stream
     can run the flow in pieces too (engine/windows.py);
@@ -41,7 +42,16 @@ def _attrs(node: Any) -> dict[str, Any]:
 
 
 def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
-    """Piper's graph (a path or ModelProto) -> (encoder, decoder) ModelProtos, cut at the generator.
+    """Piper's graph (a path or ModelProto) -> (encoder, decoder) as the onnx engine runs them: cut at
+    the generator (cut_at_generator), the encoder prepared (prepare_encoder), the decoder's upsamplings
+    as convolutions (polyphase_upsampling)."""
+    encoder, decoder = cut_at_generator(onnx_model)
+    return prepare_encoder(encoder), polyphase_upsampling(decoder)
+
+
+def cut_at_generator(onnx_model: Any) -> tuple[Any, Any]:
+    """Piper's graph (a path or ModelProto) -> (encoder, decoder) ModelProtos, cut at the generator,
+    nothing rewritten (what publish wrote before any rewrite).
 
     The encoder keeps the graph's inputs (input, input_lengths, scales) and outputs `latent`
     [1, inter, F] (z times the frame mask, what the generator reads); the decoder takes `latent`
@@ -66,7 +76,7 @@ def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
             node.output[:] = [LATENT_NAME if o == cut else o for o in node.output]
     encoder.graph.output[0].name = LATENT_NAME
     decoder.graph.input[0].name = LATENT_NAME
-    return prepare_encoder(encoder), polyphase_upsampling(decoder)
+    return encoder, decoder
 
 
 def split_flow(encoder: Any) -> tuple[Any, Any]:
@@ -251,11 +261,11 @@ def polyphase_upsampling(decoder: Any) -> Any:
     weights = {i.name: i for i in graph.initializer}
     nodes: list[Any] = []
     for node in graph.node:
-        if not _is_plain_upsampling(node, weights):
+        shape = _plain_upsampling(node, weights)
+        if shape is None:
             nodes.append(node)
             continue
-        attrs = _attrs(node)
-        (s,), (k,), (p, _) = attrs["strides"], attrs["kernel_shape"], attrs["pads"]
+        s, k, p = shape
         m = k // s
         w = numpy_helper.to_array(weights[node.input[1]])  # [Cin, Cout, K]
         bias = numpy_helper.to_array(weights[node.input[2]])  # [Cout]
@@ -320,25 +330,27 @@ def polyphase_upsampling(decoder: Any) -> Any:
     return decoder
 
 
-def _is_plain_upsampling(node: Any, weights: dict[str, Any]) -> bool:
-    """A 1-D ConvTranspose polyphase_upsampling can rewrite: constant weights and bias, no groups,
-    dilation or output padding, kernel a multiple of the stride, output exactly stride x input."""
+def _plain_upsampling(node: Any, weights: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(stride, kernel, padding) of a 1-D ConvTranspose polyphase_upsampling can rewrite (constant
+    weights and bias, no groups, dilation or output padding, kernel a multiple of the stride, output
+    exactly stride x input); None for any other node."""
     if (
         node.op_type != "ConvTranspose"
         or len(node.input) != 3
         or not all(i in weights for i in node.input[1:])
     ):
-        return False
+        return None
     attrs = _attrs(node)
     kernel, strides = attrs.get("kernel_shape", []), attrs.get("strides", [1])
     pads = attrs.get("pads", [0, 0])
     if len(kernel) != 1 or len(strides) != 1 or len(pads) != 2 or pads[0] != pads[1]:
-        return False
-    (k,), (s,) = kernel, strides
-    return (
+        return None
+    (k,), (s,), p = kernel, strides, pads[0]
+    plain = (
         attrs.get("group", 1) == 1
         and list(attrs.get("dilations", [1])) == [1]
         and not any(attrs.get("output_padding", [0]))
         and k % s == 0
-        and k - 2 * pads[0] == s
+        and k - 2 * p == s
     )
+    return (s, k, p) if plain else None
