@@ -11,15 +11,22 @@ def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> P
     """A copy of ``voice_dir`` as publish wrote it before the flow was cut off and before any rewrite:
     encoder.onnx (prior and flow in one part) drawing its noise inside (RandomNormalLike, no ``noise``
     input) and giving out no ``durations``, beside a decoder.onnx with its transposed convolutions; no
-    prior.onnx or flow.onnx. Piper's graph cut at the generator and nothing else
+    prior.onnx, flow.onnx or decoder head and tail. Piper's graph cut at the generator and nothing else
     (``cut_at_generator``), so the test does not lean on the rewrites it tests."""
     import onnx
 
     from predictor.engine.exported_graph import cut_at_generator
-    from predictor.engine.voice_files import DECODER_ONNX, ENCODER_ONNX, FLOW_ONNX, PRIOR_ONNX
+    from predictor.engine.voice_files import (
+        DECODER_HEAD_ONNX,
+        DECODER_ONNX,
+        DECODER_TAIL_ONNX,
+        ENCODER_ONNX,
+        FLOW_ONNX,
+        PRIOR_ONNX,
+    )
 
     shutil.copytree(voice_dir, out_dir)
-    for part in (PRIOR_ONNX, FLOW_ONNX):
+    for part in (PRIOR_ONNX, FLOW_ONNX, DECODER_HEAD_ONNX, DECODER_TAIL_ONNX):
         (out_dir / part).unlink()
     encoder, decoder = cut_at_generator(out_dir / "model.onnx")
     onnx.save(encoder, str(out_dir / ENCODER_ONNX))
@@ -28,8 +35,23 @@ def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> P
 
 
 def untouched_decoder(model_onnx: Path) -> Any:
-    """The decoder.onnx publish wrote before polyphase_upsampling: Piper's graph cut at the generator's
-    input (``latent``), nothing rewritten."""
+    """The decoder.onnx publish wrote before polyphase_upsampling and cut_decoder: Piper's graph cut at
+    the generator's input (``latent``), nothing rewritten."""
     from predictor.engine.exported_graph import cut_at_generator
 
     return cut_at_generator(model_onnx)[1]
+
+
+def as_published_before_the_decoder_cut(voice_dir: Path, out_dir: Path) -> Path:
+    """A copy of ``voice_dir`` as publish wrote it before cut_decoder: prior.onnx and flow.onnx beside
+    one decoder.onnx, the whole generator with its upsamplings as convolutions (polyphase_upsampling)."""
+    import onnx
+
+    from predictor.engine.exported_graph import polyphase_upsampling
+    from predictor.engine.voice_files import DECODER_HEAD_ONNX, DECODER_ONNX, DECODER_TAIL_ONNX
+
+    shutil.copytree(voice_dir, out_dir)
+    for part in (DECODER_HEAD_ONNX, DECODER_TAIL_ONNX):
+        (out_dir / part).unlink()
+    onnx.save(polyphase_upsampling(untouched_decoder(out_dir / "model.onnx")), str(out_dir / DECODER_ONNX))
+    return out_dir

@@ -33,7 +33,8 @@ from predictor.engine.exported_graph import ConversionError, split_flow, split_o
 from predictor.engine.vits import Vits, VitsConfig
 from predictor.engine.voice_files import (
     CONFIG_FILE,
-    DECODER_ONNX,
+    DECODER_HEAD_ONNX,
+    DECODER_TAIL_ONNX,
     FLOW_ONNX,
     PRIOR_ONNX,
     WEIGHTS_FILE,
@@ -289,16 +290,18 @@ def write_safetensors(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
 
 
 def write_onnx_split(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
-    """Write prior.onnx, flow.onnx and decoder.onnx (split_onnx, then split_flow) into out_dir; returns
-    the three paths."""
+    """Write prior.onnx, flow.onnx, decoder_head.onnx and decoder_tail.onnx (split_onnx, then
+    split_flow) into out_dir; returns the four paths."""
     from predictor.storage.files import atomic_write_bytes
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    encoder, decoder = split_onnx(onnx_path)
+    encoder, head, tail = split_onnx(onnx_path)
     paths = []
     for part, name in zip(
-        (*split_flow(encoder), decoder), (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX), strict=True
+        (*split_flow(encoder), head, tail),
+        (PRIOR_ONNX, FLOW_ONNX, DECODER_HEAD_ONNX, DECODER_TAIL_ONNX),
+        strict=True,
     ):
         path = out_dir / name
         atomic_write_bytes(path, part.SerializeToString())

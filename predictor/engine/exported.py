@@ -1,12 +1,14 @@
-"""Piper/VITS voices on onnxruntime: Piper's exported graph, in three parts.
+"""Piper/VITS voices on onnxruntime: Piper's exported graph, in four parts.
 
 The artifact holds the graph split at publish (engine/exported_graph.split_onnx and split_flow; file
 names in engine/voice_files): prior.onnx (text encoder, durations, the prior's sample: phoneme ids ->
-z_p), flow.onnx (z_p -> latent frames) and decoder.onnx (HiFi-GAN: latent -> audio). A whole
-synthesis runs them one after the other, every node once, as the whole graph would; a streamed one
-runs the flow in two pieces and the decoder over frame windows (engine/windows.py), so its first audio
-waits for the prior and only the first window's share of the flow and decoder. An artifact without
-the parts (published before they existed) is split in memory at load.
+z_p), flow.onnx (z_p -> latent frames), and the HiFi-GAN generator as decoder_head.onnx (conv_pre and
+the first upsampling stage) and decoder_tail.onnx (the rest: -> audio). A whole synthesis runs them
+one after the other, every node once, as the whole graph would, but on CPU the tail over chunks of
+TAIL_CHUNK_FRAMES (below); a streamed one runs the flow in two pieces and the decoder over frame
+windows (engine/windows.py), so its first audio waits for the prior and only the first window's
+share of the flow and decoder. An artifact without the parts (published before they existed) is
+split in memory at load; one with prior, flow and a whole decoder.onnx is run as it is.
 
 Piper's export takes a padded batch but returns the padded tail as noise, and does not expose
 per-item durations, so items are run one sentence at a time; the native torch engine batches.
@@ -14,6 +16,7 @@ per-item durations, so items are run one sentence at a time; the native torch en
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -24,7 +27,9 @@ from predictor.engine import noise, phonemes, windows
 from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
 from predictor.engine.voice_files import (
     CONFIG_FILE,
+    DECODER_HEAD_ONNX,
     DECODER_ONNX,
+    DECODER_TAIL_ONNX,
     DURATIONS_NAME,
     ENCODER_ONNX,
     FLOW_ONNX,
@@ -33,6 +38,7 @@ from predictor.engine.voice_files import (
     NOISE_NAME,
     PRIOR_NAME,
     PRIOR_ONNX,
+    UPSAMPLED_NAME,
     read_config,
 )
 from predictor.engine.words import Sentence
@@ -43,6 +49,13 @@ from predictor.errors import EngineError
 # more is run again with four times the feed (the same values, a longer prefix), so the bound costs
 # drawing, never correctness.
 FRAMES_PER_PHONEME = 8
+# Frames of the decoder tail's input run at once on CPU (each with decoder_tail_context positions more
+# on either side). The whole tail streams each activation ([32, 256 * F] floats at the last stage, 17 MB
+# for a 99-character sentence's 527 frames) through memory between nodes; a 64-frame chunk's stay in
+# the core's caches. One thread, two such decodes at once (two engine workers): 527 frames 331 -> 289
+# ms, 200 frames 114 -> 111 ms; 32 to 96 frames did as well; two threads alone: unchanged (85 / 179
+# ms at 300 / 600 frames). A GPU runs the tail whole. docs/benchmarks.md, "The decoder's tail in chunks".
+TAIL_CHUNK_FRAMES = 64
 
 
 class OnnxEngine(PiperEngine):
@@ -80,12 +93,17 @@ class OnnxEngine(PiperEngine):
             self._options.add_session_config_entry("session.force_spinning_stop", "1")
         self._prior: onnxruntime.InferenceSession | None = None
         self._flow: onnxruntime.InferenceSession | None = None
-        self._decoder: onnxruntime.InferenceSession | None = None
+        self._decoder: onnxruntime.InferenceSession | None = None  # the head, or a whole decoder.onnx
+        self._tail: onnxruntime.InferenceSession | None = None  # None: _decoder is the whole generator
+        self._chunked = device == "cpu"
         # A feed too short for a sentence fails noise/1/Reshape, which _encode retries: not worth a log line.
         self._quiet_run = onnxruntime.RunOptions()
         self._quiet_run.log_severity_level = 4
         self._context = 0
         self._flow_context = 0
+        self._tail_context = 0  # positions of the tail's input on each side of a chunk
+        self._tail_chunk = 0  # positions of the tail's input per chunk (TAIL_CHUNK_FRAMES)
+        self._tail_hop = 1  # samples per position of the tail's input
         self._hop = 1
         self._channels = 0
         phonemes.prepare()
@@ -100,26 +118,37 @@ class OnnxEngine(PiperEngine):
                 from predictor.engine.convert import infer_config
 
                 config = infer_config(model_dir / "model.onnx")
-            self._prior, self._flow, self._decoder = (
+            sessions = [
                 onnxruntime.InferenceSession(part, sess_options=self._options, providers=self._providers)
                 for part in parts
-            )
+            ]
         except Exception as exc:  # onnxruntime and onnx raise their own untyped errors
             raise EngineError(f"cannot load the onnx voice from {model_dir}: {exc}") from exc
+        self._prior, self._flow, self._decoder = sessions[:3]
+        self._tail = sessions[3] if len(sessions) == 4 else None
         self._context = windows.decoder_context_frames(config)
         self._flow_context = windows.flow_context_frames(config)
+        self._tail_context = windows.decoder_tail_context(config)
+        self._tail_chunk = TAIL_CHUNK_FRAMES * config.upsample_rates[0]
+        self._tail_hop = config.hop_length // config.upsample_rates[0]
         self._hop = config.hop_length
         self._channels = config.inter_channels
 
     @staticmethod
     def _parts(model_dir: Path) -> list[str | bytes]:
-        """prior, flow and decoder: their files, or what publish would have written, made in memory
-        from what an older artifact holds (onnx alone, no torch)."""
+        """prior, flow, decoder head and tail: their files, or what publish would have written, made in
+        memory from what an older artifact holds (onnx alone, no torch). An artifact whose decoder is
+        one decoder.onnx beside prior and flow gives those three, run as they are (no onnx import at
+        cold start)."""
+        names = (PRIOR_ONNX, FLOW_ONNX, DECODER_HEAD_ONNX, DECODER_TAIL_ONNX)
+        if all((model_dir / name).exists() for name in names):
+            return [str(model_dir / name) for name in names]
         if all((model_dir / name).exists() for name in (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX)):
             return [str(model_dir / name) for name in (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX)]
         import onnx
 
         from predictor.engine.exported_graph import (
+            cut_decoder,
             polyphase_upsampling,
             prepare_encoder,
             split_flow,
@@ -129,13 +158,13 @@ class OnnxEngine(PiperEngine):
         if (model_dir / ENCODER_ONNX).exists() and (model_dir / DECODER_ONNX).exists():
             # Split before the flow was cut off, maybe before the noise input and durations output.
             encoder = prepare_encoder(onnx.load(str(model_dir / ENCODER_ONNX)))
-            decoder = polyphase_upsampling(onnx.load(str(model_dir / DECODER_ONNX))).SerializeToString()
+            head, tail = cut_decoder(onnx.load(str(model_dir / DECODER_ONNX)))
+            head, tail = polyphase_upsampling(head), polyphase_upsampling(tail)
         else:
             # Published before any split: publish's conversion of model.onnx.
-            encoder, whole_decoder = split_onnx(model_dir / "model.onnx")
-            decoder = whole_decoder.SerializeToString()
+            encoder, head, tail = split_onnx(model_dir / "model.onnx")
         prior, flow = split_flow(encoder)
-        return [prior.SerializeToString(), flow.SerializeToString(), decoder]
+        return [part.SerializeToString() for part in (prior, flow, head, tail)]
 
     @property
     def hop_length(self) -> int:
@@ -241,8 +270,30 @@ class OnnxEngine(PiperEngine):
     def _decode(self, latent: np.ndarray) -> np.ndarray:
         """Latent frames [1, inter, F] -> audio [F * hop] float32 in [-1, 1]."""
         assert self._decoder is not None
-        audio = self._decoder.run(None, {LATENT_NAME: np.ascontiguousarray(latent)})[0]  # [1, 1, 1, S]
+        out = self._decoder.run(None, {LATENT_NAME: np.ascontiguousarray(latent)})[0]
+        # [1, 1, 1, S] from a whole decoder.onnx; [1, C, F * upsample_rates[0]] from the head
+        audio = out if self._tail is None else self._run_tail(out)
         return np.clip(audio.reshape(-1), -1.0, 1.0).astype(np.float32, copy=False)
+
+    def _run_tail(self, upsampled: np.ndarray) -> np.ndarray:
+        """The head's output [1, C, P] -> audio [P * tail_hop]: whole, or on CPU in chunks of about
+        _tail_chunk positions, each run with _tail_context positions more on either side (fewer at the
+        ends, where the whole run sees the same zero padding) and only its own samples kept, which
+        are the whole run's (the tail reaches no further; tests/system/test_engines.py)."""
+        assert self._tail is not None
+        n = upsampled.shape[-1]
+        chunks = max(1, round(n / self._tail_chunk)) if self._chunked else 1
+        if chunks == 1:
+            return self._tail.run(None, {UPSAMPLED_NAME: upsampled})[0]
+        hop, context = self._tail_hop, self._tail_context
+        audio = np.empty(n * hop, dtype=np.float32)
+        bounds = [n * k // chunks for k in range(chunks + 1)]  # chunks of equal size, give or take one
+        for start, end in itertools.pairwise(bounds):
+            lo, hi = max(0, start - context), min(n, end + context)
+            window = np.ascontiguousarray(upsampled[:, :, lo:hi])
+            piece = self._tail.run(None, {UPSAMPLED_NAME: window})[0].reshape(-1)
+            audio[start * hop : end * hop] = piece[(start - lo) * hop : (end - lo) * hop]
+        return audio
 
 
 def _seed(params: SynthesisParams, item: int, k: int) -> int:

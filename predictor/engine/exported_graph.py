@@ -24,7 +24,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from predictor.engine.voice_files import DURATIONS_NAME, LATENT_NAME, MASK_NAME, NOISE_NAME, PRIOR_NAME
+from predictor.engine.voice_files import (
+    DURATIONS_NAME,
+    LATENT_NAME,
+    MASK_NAME,
+    NOISE_NAME,
+    PRIOR_NAME,
+    UPSAMPLED_NAME,
+)
 
 _DECODER_FIRST_NODE = "/dec/conv_pre/Conv"
 _FLOW_SCOPE = "/flow/"  # the export names the ResidualCouplingBlock's nodes after its module path
@@ -41,12 +48,14 @@ def _attrs(node: Any) -> dict[str, Any]:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
 
-def split_onnx(onnx_model: Any) -> tuple[Any, Any]:
-    """Piper's graph (a path or ModelProto) -> (encoder, decoder) as the onnx engine runs them: cut at
-    the generator (cut_at_generator), the encoder prepared (prepare_encoder), the decoder's upsamplings
-    as convolutions (polyphase_upsampling)."""
+def split_onnx(onnx_model: Any) -> tuple[Any, Any, Any]:
+    """Piper's graph (a path or ModelProto) -> (encoder, decoder head, decoder tail) as the onnx engine
+    runs them: cut at the generator (cut_at_generator), the encoder prepared (prepare_encoder), the
+    generator cut after its first upsampling stage (cut_decoder), each part's upsamplings as
+    convolutions (polyphase_upsampling)."""
     encoder, decoder = cut_at_generator(onnx_model)
-    return prepare_encoder(encoder), polyphase_upsampling(decoder)
+    head, tail = cut_decoder(decoder)
+    return prepare_encoder(encoder), polyphase_upsampling(head), polyphase_upsampling(tail)
 
 
 def cut_at_generator(onnx_model: Any) -> tuple[Any, Any]:
@@ -77,6 +86,43 @@ def cut_at_generator(onnx_model: Any) -> tuple[Any, Any]:
     encoder.graph.output[0].name = LATENT_NAME
     decoder.graph.input[0].name = LATENT_NAME
     return encoder, decoder
+
+
+def cut_decoder(decoder: Any) -> tuple[Any, Any]:
+    """The generator (cut_at_generator's decoder, its upsamplings still transposed convolutions) ->
+    (head, tail), cut at the second upsampling's input: the head is conv_pre and the first stage
+    (``latent`` -> ``upsampled`` [1, C, F * upsample_rates[0]]), the tail the later stages and
+    conv_post (``upsampled`` -> the audio). Together they run every node once.
+
+    The tail's layers reach only a frame or so around each output sample at its input's rate
+    (windows.decoder_tail_context), so the CPU runs it over chunks of frames whose activations stay
+    in the core's caches, where the whole tail streams each [32, 256 * F] activation through memory
+    between nodes (engine/exported.py).
+    """
+    import onnx.utils
+    from onnx import TensorProto, helper
+
+    graph = decoder.graph
+    upsamplings = [n for n in graph.node if n.op_type == "ConvTranspose"]
+    if len(upsamplings) < 2 or not any(i.name == LATENT_NAME for i in graph.input):
+        raise ConversionError(
+            f"{len(upsamplings)} ConvTranspose node(s) or no {LATENT_NAME} input: not a Piper VITS generator"
+        )
+    cut = upsamplings[1].input[0]
+    if not any(v.name == cut for v in graph.value_info):  # the extractor looks its inputs up there
+        graph.value_info.append(
+            helper.make_tensor_value_info(cut, TensorProto.FLOAT, [1, "channels", "positions"])
+        )
+    extractor = onnx.utils.Extractor(decoder)
+    head = extractor.extract_model([LATENT_NAME], [cut])
+    tail = extractor.extract_model([cut], [o.name for o in graph.output])
+    for part in (head, tail):
+        for node in part.graph.node:
+            node.input[:] = [UPSAMPLED_NAME if i == cut else i for i in node.input]
+            node.output[:] = [UPSAMPLED_NAME if o == cut else o for o in node.output]
+    head.graph.output[0].name = UPSAMPLED_NAME
+    tail.graph.input[0].name = UPSAMPLED_NAME
+    return head, tail
 
 
 def split_flow(encoder: Any) -> tuple[Any, Any]:

@@ -19,17 +19,22 @@ if TYPE_CHECKING:  # the onnxruntime engine reads the names and the config here 
 
 CONFIG_FILE = "vits.json"
 WEIGHTS_FILE = "model.safetensors"
-# Piper's graph cut in three, so a stream can run the flow and the decoder in pieces: text -> the
-# prior's sample (text encoder, durations, prior), that sample -> latent (the flow), latent -> audio
-# (the HiFi-GAN generator).
+# Piper's graph cut in four, so a stream can run the flow and the decoder in pieces: text -> the
+# prior's sample (text encoder, durations, prior), that sample -> latent (the flow), latent -> the
+# first upsampling stage's output (the HiFi-GAN generator's head), that -> audio (its tail, which the
+# CPU runs in chunks of frames: engine/exported.py).
 PRIOR_ONNX = "prior.onnx"
 FLOW_ONNX = "flow.onnx"
+DECODER_HEAD_ONNX = "decoder_head.onnx"
+DECODER_TAIL_ONNX = "decoder_tail.onnx"
+# What publish wrote before the generator was cut: the whole generator in one part (run whole).
 DECODER_ONNX = "decoder.onnx"
 # What publish wrote before the flow was cut off: prior and flow in one part (split at load).
 ENCODER_ONNX = "encoder.onnx"
 PRIOR_NAME = "prior"  # z_p [1, inter, F]: the prior's output, the flow's input
 MASK_NAME = "frame_mask"  # [1, 1, F] float, ones for one sentence: the prior's output, the flow's input
 LATENT_NAME = "latent"  # the flow's output, the decoder's input [1, inter, F]
+UPSAMPLED_NAME = "upsampled"  # the decoder head's output, its tail's input [1, C, F * upsample_rates[0]]
 DURATIONS_NAME = "durations"  # the prior's third output: ceiled frames per phoneme id [1, 1, T]
 NOISE_NAME = "noise"  # the prior's noise input (engine/noise.py): [N] float32, read as a prefix
 

@@ -28,21 +28,35 @@ def decoder_context_frames(config: VitsConfig) -> int:
     rate it acts on and summed; one frame more covers the rounding of the transposed convolutions.
     """
     pre_post_radius = (GENERATOR_PRE_POST_KERNEL - 1) // 2
-    frames = float(pre_post_radius)  # conv_pre, at one position per frame
-    rate = 1  # positions per frame at the current stage
-    for u, k in zip(config.upsample_rates, config.upsample_kernel_sizes, strict=True):
-        frames += math.ceil(k / u) / rate  # the transposed conv, in its input positions
+    return math.ceil(pre_post_radius + _generator_reach(config, 0)) + 1
+
+
+def decoder_tail_context(config: VitsConfig) -> int:
+    """Positions of the decoder tail's input (the first upsampling stage's output, upsample_rates[0]
+    per frame) on each side that an output sample of the tail can depend on (rounded up, one more):
+    the upsampling stages after the first and conv_post, walked as decoder_context_frames walks them."""
+    return math.ceil(_generator_reach(config, 1)) + 1
+
+
+def _generator_reach(config: VitsConfig, first_stage: int) -> float:
+    """How far the generator's layers from upsampling stage ``first_stage`` on (its transposed
+    convolution, residual blocks, then the later stages and conv_post) reach, in positions of that
+    stage's input."""
+    reach = 0.0
+    rate = 1  # positions per input position at the current stage
+    stages = list(zip(config.upsample_rates, config.upsample_kernel_sizes, strict=True))
+    for u, k in stages[first_stage:]:
+        reach += math.ceil(k / u) / rate  # the transposed conv, in its input positions
         rate *= u
         widest = 0
         for rk, dilations in zip(config.resblock_kernel_sizes, config.resblock_dilation_sizes, strict=True):
             radius = (rk - 1) // 2
-            reach = sum(radius * d for d in dilations)
+            chain = sum(radius * d for d in dilations)
             if config.resblock == "1":
-                reach += radius * len(dilations)  # each dilated conv is followed by an undilated one
-            widest = max(widest, reach)
-        frames += widest / rate
-    frames += pre_post_radius / rate  # conv_post, at the sample rate
-    return math.ceil(frames) + 1
+                chain += radius * len(dilations)  # each dilated conv is followed by an undilated one
+            widest = max(widest, chain)
+        reach += widest / rate
+    return reach + (GENERATOR_PRE_POST_KERNEL - 1) // 2 / rate  # conv_post, at the sample rate
 
 
 def flow_context_frames(config: VitsConfig) -> int:

@@ -20,7 +20,11 @@ from predictor.engine.base import SynthesisParams
 from predictor.engine.exported import OnnxEngine
 from predictor.engine.native import TorchEngine
 from predictor.errors import BadRequest, EngineError
-from testing.artifacts import as_published_before_noise_and_durations, untouched_decoder
+from testing.artifacts import (
+    as_published_before_noise_and_durations,
+    as_published_before_the_decoder_cut,
+    untouched_decoder,
+)
 from testing.audio import check_samples
 from testing.predictor import run_synth
 
@@ -338,25 +342,67 @@ def test_seeded_word_times_agree_between_the_engines(engines):
 
 
 def test_the_published_decoder_gives_the_voices_own_decoders_audio(voice_dir):
-    """decoder.onnx as publish writes it against Piper's graph cut at the same place, untouched."""
+    """decoder_head.onnx then decoder_tail.onnx as publish writes them, against Piper's graph cut at
+    the generator, untouched."""
     import onnx
 
-    from predictor.engine.voice_files import DECODER_ONNX, LATENT_NAME
+    from predictor.engine.voice_files import DECODER_HEAD_ONNX, DECODER_TAIL_ONNX, LATENT_NAME, UPSAMPLED_NAME
 
     untouched = untouched_decoder(voice_dir / "model.onnx")
-    published = onnx.load(str(voice_dir / DECODER_ONNX))
+    head = onnx.load(str(voice_dir / DECODER_HEAD_ONNX))
+    tail = onnx.load(str(voice_dir / DECODER_TAIL_ONNX))
     assert "ConvTranspose" in {n.op_type for n in untouched.graph.node}
-    assert "ConvTranspose" not in {n.op_type for n in published.graph.node}
+    assert "ConvTranspose" not in {n.op_type for n in [*head.graph.node, *tail.graph.node]}
     latent = np.random.default_rng(3).standard_normal((1, 192, 90)).astype(np.float32)
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3
 
-    def run(model: onnx.ModelProto) -> np.ndarray:
+    def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
         session = onnxruntime.InferenceSession(
             model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
         )
-        return session.run(None, {LATENT_NAME: latent})[0]
+        return session.run(None, feed)[0]
 
-    expected, got = run(untouched), run(published)
+    expected = run(untouched, {LATENT_NAME: latent})
+    upsampled = run(head, {LATENT_NAME: latent})
+    got = run(tail, {UPSAMPLED_NAME: upsampled})
+    assert upsampled.shape == (1, 128, 90 * 8)  # upsample_initial_channel / 2 at upsample_rates[0] per frame
     assert got.shape == expected.shape == (1, 1, 1, 90 * 256)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_the_decoder_tail_in_chunks_gives_its_whole_runs_audio_and_needs_all_of_its_context(engines):
+    _, onnx_engine = engines
+    from predictor.engine.voice_files import LATENT_NAME, UPSAMPLED_NAME
+
+    latent = np.random.default_rng(5).standard_normal((1, 192, 300)).astype(np.float32)
+    upsampled = onnx_engine._decoder.run(None, {LATENT_NAME: latent})[0]
+    whole = onnx_engine._tail.run(None, {UPSAMPLED_NAME: upsampled})[0].reshape(-1)
+    assert round(upsampled.shape[-1] / onnx_engine._tail_chunk) >= 4  # 300 frames: several chunks
+
+    np.testing.assert_allclose(onnx_engine._run_tail(upsampled), whole, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(onnx_engine._decode(latent), np.clip(whole, -1, 1), rtol=0, atol=1e-6)
+    context = onnx_engine._tail_context
+    try:
+        onnx_engine._tail_context = context // 2
+        assert np.abs(onnx_engine._run_tail(upsampled) - whole).max() > 1e-4
+    finally:
+        onnx_engine._tail_context = context
+
+
+def test_a_voice_published_with_one_decoder_file_runs_it_whole_for_the_same_audio(
+    engines, voice_dir, tmp_path
+):
+    _, onnx_engine = engines
+    old = as_published_before_the_decoder_cut(voice_dir, tmp_path / "old-voice")
+    loaded = OnnxEngine(device="cpu", threads=2)
+    loaded.load(old)
+    seeded = SynthesisParams(seed=4)
+
+    assert loaded._tail is None and onnx_engine._tail is not None
+    np.testing.assert_allclose(
+        loaded.synthesize(TEXTS[1:2], seeded)[0],
+        onnx_engine.synthesize(TEXTS[1:2], seeded)[0],
+        rtol=0,
+        atol=1e-5,
+    )

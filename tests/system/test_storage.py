@@ -32,7 +32,8 @@ VOICE_FILES = {
     "vits.json",
     "prior.onnx",
     "flow.onnx",
-    "decoder.onnx",
+    "decoder_head.onnx",
+    "decoder_tail.onnx",
 }
 
 
@@ -253,10 +254,8 @@ def test_engine_filter_fetches_only_that_engines_files(published_voice: str, s3_
     assert report.files_downloaded == 4
     assert (models / "model.safetensors").exists() and not (models / "model.onnx").exists()
     _, again = fetch(published_voice, models, engine="onnx")  # a restart with another engine
-    assert (again.files_downloaded, again.files_skipped) == (
-        3,
-        3,
-    )  # the graph's three parts; config, card and vits.json kept
+    # the graph's four parts (prior, flow, decoder head and tail); config, card and vits.json kept
+    assert (again.files_downloaded, again.files_skipped) == (4, 3)
 
 
 def test_another_uri_is_fetched_even_if_files_match(published_voice: str, s3_env: str, tmp_path: Path):

@@ -9,6 +9,7 @@ import base64
 import io
 import itertools
 import json
+import math
 import queue
 import threading
 import time
@@ -212,6 +213,10 @@ def test_receptive_field_follows_the_voice_config(voice_dir):
 
     assert 8 <= windows.decoder_context_frames(config) <= 20
     assert windows.decoder_context_frames(wider) > windows.decoder_context_frames(config)
+    # After the first stage, in its output's positions: ups.1 (k=16, u=8) 2, its widest resblock chain
+    # (k=7, dilations 3 and 12: 45 samples) 45/8, ups.2 (k=8, u=4) 2/8, its chain 45/32, conv_post 3/32.
+    assert windows.decoder_tail_context(config) == math.ceil(2 + 45 / 8 + 2 / 8 + 45 / 32 + 3 / 32) + 1 == 11
+    assert windows.decoder_tail_context(wider) > windows.decoder_tail_context(config)
     assert windows.flow_context_frames(config) == 4 * (2 + 2 + 2 + 2) + 1  # 4 couplings, 4 k=5 convs each
     deeper = VitsConfig.from_dict({**config.to_dict(), "flow_dilation_rate": 2})
     assert windows.flow_context_frames(deeper) == 4 * (2 + 4 + 8 + 16) + 1
