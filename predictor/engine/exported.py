@@ -53,8 +53,9 @@ FRAMES_PER_PHONEME = 8
 # on either side). The whole tail streams each activation ([32, 256 * F] floats at the last stage, 17 MB
 # for a 99-character sentence's 527 frames) through memory between nodes; a 64-frame chunk's stay in
 # the core's caches. One thread, two such decodes at once (two engine workers): 527 frames 331 -> 289
-# ms, 200 frames 114 -> 111 ms; 32 to 96 frames did as well; two threads alone: unchanged (85 / 179
-# ms at 300 / 600 frames). A GPU runs the tail whole. docs/benchmarks.md, "The decoder's tail in chunks".
+# ms, 200 frames 114 -> 111 ms; 32 to 96 frames did as well. Two threads: the same up to 600 frames,
+# the 348-character sentence (1,300 frames) 803 -> 725 ms. A GPU runs the tail whole.
+# docs/benchmarks.md, "The decoder's tail in chunks".
 TAIL_CHUNK_FRAMES = 64
 
 

@@ -68,24 +68,12 @@ def cut_at_generator(onnx_model: Any) -> tuple[Any, Any]:
     non-streamed request costs what the whole graph costs.
     """
     import onnx
-    import onnx.utils
 
     model = onnx_model if isinstance(onnx_model, onnx.ModelProto) else onnx.load(str(onnx_model))
     first = next((n for n in model.graph.node if n.name == _DECODER_FIRST_NODE), None)
     if first is None:
         raise ConversionError(f"no {_DECODER_FIRST_NODE} node: not a Piper VITS graph")
-    cut = first.input[0]
-    extractor = onnx.utils.Extractor(model)
-    inputs = [i.name for i in model.graph.input]
-    encoder = extractor.extract_model(inputs, [cut])
-    decoder = extractor.extract_model([cut], [o.name for o in model.graph.output])
-    for part in (encoder, decoder):
-        for node in part.graph.node:
-            node.input[:] = [LATENT_NAME if i == cut else i for i in node.input]
-            node.output[:] = [LATENT_NAME if o == cut else o for o in node.output]
-    encoder.graph.output[0].name = LATENT_NAME
-    decoder.graph.input[0].name = LATENT_NAME
-    return encoder, decoder
+    return _cut(model, first.input[0], LATENT_NAME)
 
 
 def cut_decoder(decoder: Any) -> tuple[Any, Any]:
@@ -99,7 +87,6 @@ def cut_decoder(decoder: Any) -> tuple[Any, Any]:
     in the core's caches, where the whole tail streams each [32, 256 * F] activation through memory
     between nodes (engine/exported.py).
     """
-    import onnx.utils
     from onnx import TensorProto, helper
 
     graph = decoder.graph
@@ -113,16 +100,24 @@ def cut_decoder(decoder: Any) -> tuple[Any, Any]:
         graph.value_info.append(
             helper.make_tensor_value_info(cut, TensorProto.FLOAT, [1, "channels", "positions"])
         )
-    extractor = onnx.utils.Extractor(decoder)
-    head = extractor.extract_model([LATENT_NAME], [cut])
-    tail = extractor.extract_model([cut], [o.name for o in graph.output])
-    for part in (head, tail):
+    return _cut(decoder, cut, UPSAMPLED_NAME)
+
+
+def _cut(model: Any, cut: str, name: str) -> tuple[Any, Any]:
+    """``model`` cut at the tensor ``cut`` into (what computes it from the model's inputs, what
+    computes the model's outputs from it), the tensor renamed ``name`` in both."""
+    import onnx.utils
+
+    extractor = onnx.utils.Extractor(model)
+    before = extractor.extract_model([i.name for i in model.graph.input], [cut])
+    after = extractor.extract_model([cut], [o.name for o in model.graph.output])
+    for part in (before, after):
         for node in part.graph.node:
-            node.input[:] = [UPSAMPLED_NAME if i == cut else i for i in node.input]
-            node.output[:] = [UPSAMPLED_NAME if o == cut else o for o in node.output]
-    head.graph.output[0].name = UPSAMPLED_NAME
-    tail.graph.input[0].name = UPSAMPLED_NAME
-    return head, tail
+            node.input[:] = [name if i == cut else i for i in node.input]
+            node.output[:] = [name if o == cut else o for o in node.output]
+    before.graph.output[0].name = name
+    after.graph.input[0].name = name
+    return before, after
 
 
 def split_flow(encoder: Any) -> tuple[Any, Any]:
