@@ -2,8 +2,10 @@
 CPU image can apply them to an artifact published before they existed):
 
   * ``split_onnx``: cut at the generator's input (``cut_at_generator``) into an encoder (phoneme
-    ids -> latent frames) and decoder.onnx (latent -> audio), so a stream can decode the latent in
+    ids -> latent frames) and the generator (latent -> audio), so a stream can decode the latent in
     windows;
+  * ``cut_decoder``: the generator cut after its first upsampling stage into decoder_head.onnx and
+    decoder_tail.onnx, so the CPU can run the tail in cache-sized chunks (engine/exported.py);
   * ``split_flow``: cut the encoder again at the flow's input into prior.onnx (phoneme ids -> the
     prior's sample z_p, the frame mask and the durations) and flow.onnx (z_p -> latent), so a stream
     can run the flow in pieces too (engine/windows.py);
@@ -15,9 +17,9 @@ CPU image can apply them to an artifact published before they existed):
 
 Publish applies all of them (engine/convert.write_onnx_split); engine/exported.py applies what an
 older artifact lacks, in memory, at load, where it has to load onnx anyway: an artifact that already
-holds prior.onnx, flow.onnx and decoder.onnx is loaded as it is (no onnx import at cold start), so a
-decoder.onnx published before polyphase_upsampling runs unchanged (the same audio, slower) until the
-voice is published again.
+holds prior.onnx and flow.onnx beside the decoder, as head and tail or as one decoder.onnx, is loaded
+as it is (no onnx import at cold start), so a decoder.onnx published before polyphase_upsampling or
+cut_decoder runs unchanged (the same audio, slower) until the voice is published again.
 """
 
 from __future__ import annotations
