@@ -148,19 +148,12 @@ class OnnxEngine(PiperEngine):
             return [str(model_dir / name) for name in (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX)]
         import onnx
 
-        from predictor.engine.exported_graph import (
-            cut_decoder,
-            polyphase_upsampling,
-            prepare_encoder,
-            split_flow,
-            split_onnx,
-        )
+        from predictor.engine.exported_graph import prepare_decoder, prepare_encoder, split_flow, split_onnx
 
         if (model_dir / ENCODER_ONNX).exists() and (model_dir / DECODER_ONNX).exists():
             # Split before the flow was cut off, maybe before the noise input and durations output.
             encoder = prepare_encoder(onnx.load(str(model_dir / ENCODER_ONNX)))
-            head, tail = cut_decoder(onnx.load(str(model_dir / DECODER_ONNX)))
-            head, tail = polyphase_upsampling(head), polyphase_upsampling(tail)
+            head, tail = prepare_decoder(onnx.load(str(model_dir / DECODER_ONNX)))
         else:
             # Published before any split: publish's conversion of model.onnx.
             encoder, head, tail = split_onnx(model_dir / "model.onnx")

@@ -53,11 +53,9 @@ def _attrs(node: Any) -> dict[str, Any]:
 def split_onnx(onnx_model: Any) -> tuple[Any, Any, Any]:
     """Piper's graph (a path or ModelProto) -> (encoder, decoder head, decoder tail) as the onnx engine
     runs them: cut at the generator (cut_at_generator), the encoder prepared (prepare_encoder), the
-    generator cut after its first upsampling stage (cut_decoder), each part's upsamplings as
-    convolutions (polyphase_upsampling)."""
+    generator cut in two with its upsamplings as convolutions (prepare_decoder)."""
     encoder, decoder = cut_at_generator(onnx_model)
-    head, tail = cut_decoder(decoder)
-    return prepare_encoder(encoder), polyphase_upsampling(head), polyphase_upsampling(tail)
+    return (prepare_encoder(encoder), *prepare_decoder(decoder))
 
 
 def cut_at_generator(onnx_model: Any) -> tuple[Any, Any]:
@@ -193,6 +191,14 @@ def prepare_encoder(encoder: Any) -> Any:
     each phoneme id given out (expose_durations). Idempotent, so an encoder split before either
     existed is brought up to date at load."""
     return expose_durations(feed_noise(encoder))
+
+
+def prepare_decoder(decoder: Any) -> tuple[Any, Any]:
+    """The generator (cut_at_generator's decoder, nothing rewritten) as the onnx engine runs it: cut
+    after its first upsampling stage (cut_decoder), each part's upsamplings as convolutions
+    (polyphase_upsampling)."""
+    head, tail = cut_decoder(decoder)
+    return polyphase_upsampling(head), polyphase_upsampling(tail)
 
 
 def expose_durations(encoder: Any) -> Any:
