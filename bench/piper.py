@@ -24,7 +24,18 @@ from pathlib import Path
 import httpx
 import psutil
 
-from bench.common import PYTHON, Predictor, Row, Session, SuiteResult, log, median, percentile, settle
+from bench.common import (
+    PYTHON,
+    THREADS,
+    Predictor,
+    Row,
+    Session,
+    SuiteResult,
+    log,
+    median,
+    percentile,
+    settle,
+)
 from testing.ports import free_port
 
 ROUNDS = 7
@@ -185,6 +196,9 @@ def run(session: Session) -> SuiteResult:
     res = SuiteResult()
     p = Predictor(session, session.path("model-piper-ours"))
     ours_ready_s = p.wait_ready(600)
+    if THREADS > 1:
+        # The lanes' copy is made after ready, with both CPUs: time nothing beside it.
+        p.wait_for_copies()
     piper_dir = session.path("piper-voice")
     from predictor.artifact.fetch import fetch
 
@@ -243,10 +257,10 @@ def run(session: Session) -> SuiteResult:
                 session, session.path(f"model-piper-ours-{workers}"), **_parallelism(workers)
             )
             ours[workers].wait_ready(600)
-            if int(workers.partition("x")[0]) > 1:
-                # The workers' copies are made after ready, with both CPUs: time nothing beside them
-                # (a first run here timed lone requests 1.6x slower than once they were there).
-                ours[workers].wait_for_workers()
+            if THREADS > 1:
+                # The workers' and lanes' copies are made after ready, with both CPUs: time nothing
+                # beside them (a first run here timed lone requests 1.6x slower than once they were there).
+                ours[workers].wait_for_copies()
     with httpx.Client() as client:
         # A lone request on each other parallelism: with a solo worker it should cost what one worker's does.
         for workers in WORKERS:

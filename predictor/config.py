@@ -658,6 +658,17 @@ class Settings(BaseSettings):
         """Each engine worker's share of CPU_THREADS."""
         return self.threads() // self.workers()
 
+    def segments_per_call(self) -> int:
+        """Consecutive segments of one request that go to the engine as one call: MAX_BATCH_SIZE, or,
+        where onnxruntime runs on two CPU threads or more, twice that many threads (at most
+        MAX_BATCH_ITEMS), since the engine then runs a call's sentences side by side, one thread each
+        (engine/lanes.py): three sentences 12 %, ten 16 % sooner than one at a time on two threads
+        (docs/benchmarks.md, "Lanes"). Seeded segments are numbered through the request, so the
+        grouping does not change which noise each one draws."""
+        if self.batch_size > 1 or self.engine_name != "onnx" or self.device != "cpu" or self.threads() < 2:
+            return self.batch_size
+        return min(2 * self.threads(), self.max_batch_items)
+
     def solo_worker(self) -> bool:
         """Whether a copy with all of CPU_THREADS runs the calls that would run alone (ENGINE_WORKERS)."""
         return self.workers() > 1  # a worker's share is then less than all of CPU_THREADS

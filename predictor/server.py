@@ -241,19 +241,30 @@ def _span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
     span.end(end_time=end_ns)
 
 
-def _add_workers(service: TTSService, settings: Settings, n: int) -> None:
-    """Make the workers' n copies of the engine after ready and hand them to the service; on an error
-    the solo worker goes on serving every call alone."""
+def _add_copies(service: TTSService, settings: Settings) -> None:
+    """After ready, the engine's other copies: the workers' (Settings.solo_worker), handed to the
+    service, and the one whose sessions let the serving copy run a call's sentences side by side
+    (Engine.add_lanes): a worker's copy where there are workers, else one made for it. On an error the
+    serving copy goes on alone."""
     start = time.time_ns()
+    engine = service.engine
+    assert engine is not None
+    n = settings.workers() if settings.solo_worker() else 0
+    lane_threads = engine.lane_threads()
     try:
         engines = [coldstart.copy(settings) for _ in range(n)]
+        lanes = engines[0] if engines else (coldstart.copy(settings, lane_threads) if lane_threads else None)
     except Exception:  # the engine's own load errors, untyped; serving goes on as with one worker
-        log.exception("could not make the engine workers' copies; serving on one engine")
+        log.exception("could not make the engine's other copies; serving on one engine")
         return
-    service.add_workers(engines)
-    metrics.COLD_START_SECONDS.labels("more_workers").set((time.time_ns() - start) / 1e9)
+    if engines:
+        service.add_workers(engines)
+        metrics.COLD_START_SECONDS.labels("more_workers").set((time.time_ns() - start) / 1e9)
+    laned = lanes is not None and engine.add_lanes(lanes)
+    metrics.COLD_START_SECONDS.labels("copies").set((time.time_ns() - start) / 1e9)
     log.info(
-        "engine workers ready", extra={"workers": n, "seconds": round((time.time_ns() - start) / 1e9, 3)}
+        "engine copies ready",
+        extra={"workers": n, "lanes": laned, "seconds": round((time.time_ns() - start) / 1e9, 3)},
     )
 
 
@@ -286,13 +297,10 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
         service.mark_ready(done.engine)
         total = process_age_s()
         metrics.COLD_START_SECONDS.labels("total").set(total)
-    if settings.solo_worker():
-        # Ready on the solo worker's copy alone: a cold start does not wait for the workers' copies.
+    if settings.solo_worker() or done.engine.lane_threads():
+        # Ready on the serving copy alone: a cold start does not wait for the others.
         threading.Thread(
-            target=_add_workers,
-            args=(service, settings, settings.workers()),
-            name="engine-copies",
-            daemon=True,
+            target=_add_copies, args=(service, settings), name="engine-copies", daemon=True
         ).start()
     log.info(
         "model ready",

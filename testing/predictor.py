@@ -87,13 +87,14 @@ class PredictorProcess(Child):
         )
         return time.perf_counter() - self.started
 
-    def wait_for_workers(self, timeout: float = 120.0) -> None:
-        """Until the engine workers' copies exist: made after ready (ENGINE_WORKERS > 1), and with
-        every CPU, so nothing timed or compared should run beside them."""
+    def wait_for_copies(self, timeout: float = 120.0) -> None:
+        """Until the engine's other copies exist: made after ready (the workers' with ENGINE_WORKERS > 1,
+        the lanes' with two CPU threads or more), with every CPU, so nothing timed or compared should
+        run beside them."""
         self.wait_for(
-            lambda: self.metric("tts_cold_start_seconds", phase="more_workers") > 0,
+            lambda: self.metric("tts_cold_start_seconds", phase="copies") > 0,
             timeout,
-            "the engine workers' copies",
+            "the engine's other copies",
             0.05,
         )
 

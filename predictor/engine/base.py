@@ -149,6 +149,17 @@ class Engine(ABC):
         if voice is not None and voice not in self.voices:
             raise BadRequest(f"unknown voice {voice!r}; this model serves {self.voices}")
 
+    def lane_threads(self) -> int | None:
+        """The intra-op threads of a copy whose sessions would let this engine run one call's sentences
+        side by side (add_lanes), or None where it would not use one."""
+        return None
+
+    def add_lanes(self, copy: Engine) -> bool:
+        """Run each call's sentences and decoder chunks side by side from now on, the lanes on ``copy``'s
+        sessions (a loaded copy with fewer threads, which may also serve calls of its own); whether this
+        engine took it (engine/lanes.py)."""
+        return False
+
     def warmup(self, text: str) -> None:
         self.synthesize([text], SynthesisParams(noise_scale=0.0, noise_w=0.0))
 

@@ -17,14 +17,17 @@ per-item durations, so items are run one sentence at a time; the native torch en
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 
 from predictor.engine import noise, phonemes, windows
-from predictor.engine.base import PiperEngine, StreamWindows, SynthesisParams
+from predictor.engine.base import Engine, PiperEngine, StreamWindows, SynthesisParams
+from predictor.engine.lanes import Lanes, Task
 from predictor.engine.voice_files import (
     CONFIG_FILE,
     DECODER_HEAD_ONNX,
@@ -97,6 +100,9 @@ class OnnxEngine(PiperEngine):
         self._decoder: onnxruntime.InferenceSession | None = None  # the head, or a whole decoder.onnx
         self._tail: onnxruntime.InferenceSession | None = None  # None: _decoder is the whole generator
         self._chunked = device == "cpu"
+        self._threads = threads
+        # Set by add_lanes: the lanes and the copy whose sessions they run.
+        self._lanes: tuple[Lanes, OnnxEngine] | None = None
         # A feed too short for a sentence fails noise/1/Reshape, which _encode retries: not worth a log line.
         self._quiet_run = onnxruntime.RunOptions()
         self._quiet_run.log_severity_level = 4
@@ -187,15 +193,46 @@ class OnnxEngine(PiperEngine):
         voice = self.voice
         speaker = self._speaker_id(params.voice)
         scales = self._scales(params)
-        out = []
-        for item, text in enumerate(texts):
-            pieces, sentences = [], []
-            for k, ids in enumerate(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map)):
-                prior, mask, frames = self._encode(ids, scales, speaker, _seed(params, item, k))
-                pieces.append(self._decode(self._run_flow(prior, mask)))
-                sentences.append(Sentence(ids, frames))
-            out.append((np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32), sentences))
-        return out
+        ids = [phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map) for text in texts]
+        # Every sentence of the call: (its text's index, its noise seed, its phoneme ids).
+        flat = [
+            (item, _seed(params, item, k), s)
+            for item, sentences in enumerate(ids)
+            for k, s in enumerate(sentences)
+        ]
+        audio: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(flat)
+        frames: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(flat)
+        lanes = self._lanes
+        if lanes is not None and len(flat) > 1:
+            lanes[0].run(
+                [
+                    _Sentence(lanes, flat[i][1:], scales, speaker, audio, frames, i).start
+                    for i in range(len(flat))
+                ]
+            )
+        else:
+            for i, (_, seed, s) in enumerate(flat):
+                prior, mask, frames[i] = self._encode(s, scales, speaker, seed)
+                audio[i] = self._decode(self._run_flow(prior, mask))
+        out: list[tuple[list[np.ndarray], list[Sentence]]] = [([], []) for _ in texts]
+        for (item, _, s), a, f in zip(flat, audio, frames, strict=True):
+            out[item][0].append(a)
+            out[item][1].append(Sentence(s, f))
+        return [
+            (np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32), sentences)
+            for pieces, sentences in out
+        ]
+
+    def add_lanes(self, copy: Engine) -> bool:
+        if not (self._chunked and isinstance(copy, OnnxEngine) and copy._threads < self._threads):
+            return False
+        if self._lanes is not None:
+            self._lanes[0].close()
+        self._lanes = (Lanes(self._threads // copy._threads), copy)
+        return True
+
+    def lane_threads(self) -> int | None:
+        return 1 if self._chunked and self._threads >= 2 else None
 
     def stream_checked(
         self, text: str, params: SynthesisParams, sizes: StreamWindows
@@ -266,28 +303,101 @@ class OnnxEngine(PiperEngine):
         assert self._decoder is not None
         out = self._decoder.run(None, {LATENT_NAME: np.ascontiguousarray(latent)})[0]
         # [1, 1, 1, S] from a whole decoder.onnx; [1, C, F * upsample_rates[0]] from the head
-        audio = out if self._tail is None else self._run_tail(out)
-        return np.clip(audio.reshape(-1), -1.0, 1.0).astype(np.float32, copy=False)
+        return _clipped(out if self._tail is None else self._run_tail(out))
+
+    def _tail_bounds(self, n: int) -> list[int]:
+        """Where the tail's chunks of the head's n output positions start and end: chunks of equal size,
+        give or take one, about _tail_chunk each on CPU; one chunk on a GPU."""
+        chunks = max(1, round(n / self._tail_chunk)) if self._chunked else 1
+        return [n * k // chunks for k in range(chunks + 1)]
 
     def _run_tail(self, upsampled: np.ndarray) -> np.ndarray:
-        """The head's output [1, C, P] -> audio [P * tail_hop]: whole, or on CPU in chunks of about
-        _tail_chunk positions, each run with _tail_context positions more on either side (fewer at the
-        ends, where the whole run sees the same zero padding) and only its own samples kept, which
-        are the whole run's (the tail reaches no further; tests/system/test_engines.py)."""
+        """The head's output [1, C, P] -> audio [P * tail_hop]: whole, or on CPU chunk after chunk
+        (_tail_piece)."""
         assert self._tail is not None
         n = upsampled.shape[-1]
-        chunks = max(1, round(n / self._tail_chunk)) if self._chunked else 1
-        if chunks == 1:
+        bounds = self._tail_bounds(n)
+        if len(bounds) == 2:
             return self._tail.run(None, {UPSAMPLED_NAME: upsampled})[0]
-        hop, context = self._tail_hop, self._tail_context
-        audio = np.empty(n * hop, dtype=np.float32)
-        bounds = [n * k // chunks for k in range(chunks + 1)]  # chunks of equal size, give or take one
+        audio = np.empty(n * self._tail_hop, dtype=np.float32)
+        lanes = self._lanes
+        if lanes is not None and len(bounds) > 2 * lanes[0].n:
+            # A lone long sentence: its chunks side by side on the lanes' copy.
+            copy = lanes[1]
+            lanes[0].run(
+                [partial(_tail_task, copy, upsampled, a, b, audio) for a, b in itertools.pairwise(bounds)]
+            )
+            return audio
         for start, end in itertools.pairwise(bounds):
-            lo, hi = max(0, start - context), min(n, end + context)
-            window = np.ascontiguousarray(upsampled[:, :, lo:hi])
-            piece = self._tail.run(None, {UPSAMPLED_NAME: window})[0].reshape(-1)
-            audio[start * hop : end * hop] = piece[(start - lo) * hop : (end - lo) * hop]
+            self._tail_piece(upsampled, start, end, audio)
         return audio
+
+    def _tail_piece(self, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray) -> None:
+        """audio's samples of the head's output positions [start, end), run with _tail_context positions
+        more on either side (fewer at the ends, where the whole run sees the same zero padding) and only
+        its own samples kept, which are the whole run's (the tail reaches no further;
+        tests/system/test_engines.py)."""
+        assert self._tail is not None
+        n, hop, context = upsampled.shape[-1], self._tail_hop, self._tail_context
+        lo, hi = max(0, start - context), min(n, end + context)
+        window = np.ascontiguousarray(upsampled[:, :, lo:hi])
+        piece = self._tail.run(None, {UPSAMPLED_NAME: window})[0].reshape(-1)
+        audio[start * hop : end * hop] = piece[(start - lo) * hop : (end - lo) * hop]
+
+
+def _tail_task(
+    engine: OnnxEngine, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray
+) -> Sequence[Task]:
+    engine._tail_piece(upsampled, start, end, audio)
+    return ()
+
+
+class _Sentence:
+    """One sentence of a call run on the lanes' one-thread copy: text encoder, flow and first decoder
+    stage as one task (start), then the decoder's tail in chunks the lanes share (audio[i], frames[i])."""
+
+    def __init__(
+        self,
+        lanes: tuple[Lanes, OnnxEngine],
+        seed_ids: tuple[int, list[int]],
+        scales: np.ndarray,
+        speaker: int | None,
+        audio: list[np.ndarray],
+        frames: list[np.ndarray],
+        i: int,
+    ):
+        self.copy = lanes[1]
+        self.seed, self.ids = seed_ids
+        self.scales, self.speaker = scales, speaker
+        self.audio, self.frames, self.i = audio, frames, i
+        self.left = 0
+        self.lock = threading.Lock()
+
+    def start(self) -> Sequence[Task]:
+        e = self.copy
+        prior, mask, self.frames[self.i] = e._encode(self.ids, self.scales, self.speaker, self.seed)
+        assert e._decoder is not None
+        out = e._decoder.run(None, {LATENT_NAME: e._run_flow(prior, mask)})[0]
+        if e._tail is None:  # a whole decoder.onnx: nothing follows
+            self.audio[self.i] = _clipped(out)
+            return ()
+        bounds = e._tail_bounds(out.shape[-1])
+        self.left = len(bounds) - 1
+        joined = np.empty(out.shape[-1] * e._tail_hop, dtype=np.float32)
+        return [partial(self.chunk, out, a, b, joined) for a, b in itertools.pairwise(bounds)]
+
+    def chunk(self, upsampled: np.ndarray, start: int, end: int, joined: np.ndarray) -> Sequence[Task]:
+        self.copy._tail_piece(upsampled, start, end, joined)
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                self.audio[self.i] = _clipped(joined)
+        return ()
+
+
+def _clipped(audio: np.ndarray) -> np.ndarray:
+    """The decoder's output as flat float32 samples in [-1, 1]."""
+    return np.clip(audio.reshape(-1), -1.0, 1.0).astype(np.float32, copy=False)
 
 
 def _seed(params: SynthesisParams, item: int, k: int) -> int:

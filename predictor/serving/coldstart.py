@@ -146,11 +146,12 @@ def _pipeline(settings: Settings, engine: Future, fetching: _FetchProcess) -> Co
     return ColdStart(engine=eng, manifest=manifest, report=report, phases_ns=phases)
 
 
-def copy(settings: Settings) -> Engine:
-    """A worker's copy of the engine, loaded and warmed from the files the first one verified."""
+def copy(settings: Settings, threads: int | None = None) -> Engine:
+    """A copy of the engine, loaded and warmed from the files the first one verified: a worker's, or
+    with ``threads`` intra-op threads."""
     from predictor.engine.factory import create
 
-    copy = create(settings)
+    copy = create(settings, threads)
     copy.load(settings.model_dir)
     copy.warmup(settings.warmup_text)
     return copy

@@ -406,3 +406,101 @@ def test_a_voice_published_with_one_decoder_file_runs_it_whole_for_the_same_audi
         rtol=0,
         atol=1e-5,
     )
+
+
+# --- lanes: a call's sentences side by side (engine/lanes.py) ---------------------------------------
+@pytest.fixture(scope="module")
+def laned(voice_dir):
+    """A two-thread engine running its calls on the lanes of a one-thread copy, as the server sets it up."""
+    engine, copy = OnnxEngine(device="cpu", threads=2), OnnxEngine(device="cpu", threads=1)
+    engine.load(voice_dir)
+    copy.load(voice_dir)
+    assert engine.lane_threads() == 1 and engine.add_lanes(copy)
+    return engine, copy
+
+
+LONG = (
+    "When the first request of the morning arrives at a service that has been scaled to zero overnight, "
+    "the platform has to start a container, fetch the voice from object storage and warm it up."
+)
+
+
+def test_a_call_on_lanes_gives_each_sentence_the_audio_and_durations_of_one_at_a_time(engines, laned):
+    _, alone = engines
+    engine, _ = laned
+    seeded = SynthesisParams(seed=31)
+    texts = [*TEXTS, LONG]  # several sentences per text, and one long enough for its tail's chunks to spread
+
+    on_lanes = engine.spoken(texts, seeded)
+    one_at_a_time = alone.spoken(texts, seeded)
+
+    for (audio, sentences), (expected, expected_sentences) in zip(on_lanes, one_at_a_time, strict=True):
+        assert [s.frames.tolist() for s in sentences] == [s.frames.tolist() for s in expected_sentences]
+        # One thread sums the same graph in another order than two.
+        np.testing.assert_allclose(audio, expected, rtol=0, atol=1e-4)
+    # The same call runs on the same copies whatever the lanes' timing: the same samples again.
+    for (audio, _), (again, _) in zip(on_lanes, engine.spoken(texts, seeded), strict=True):
+        np.testing.assert_array_equal(again, audio)
+
+
+def test_lanes_run_a_calls_sentences_at_the_same_time_on_the_one_thread_copy(laned, monkeypatch):
+    import threading
+    import time
+
+    engine, copy = laned
+    spans: list[tuple[int, float, float]] = []
+    tail_piece = copy._tail_piece
+
+    def timed(*args):
+        start = time.perf_counter()
+        tail_piece(*args)
+        spans.append((threading.get_ident(), start, time.perf_counter()))
+
+    monkeypatch.setattr(copy, "_tail_piece", timed)
+    engine.synthesize([*TEXTS[1:2], LONG], SynthesisParams(seed=3))
+
+    assert len({thread for thread, _, _ in spans}) == 2
+    overlapping = sum(
+        1
+        for (t1, s1, e1), (t2, s2, e2) in itertools.combinations(spans, 2)
+        if t1 != t2 and s1 < e2 and s2 < e1
+    )
+    assert overlapping >= len(spans) // 2, spans
+
+
+def test_a_lone_long_sentence_spreads_its_tail_over_the_lanes_and_a_short_one_stays_on_two_threads(
+    engines, laned, monkeypatch
+):
+    _, alone = engines
+    engine, copy = laned
+    seeded = SynthesisParams(seed=8)
+    ran: list[str] = []
+    for name, e in (("two threads", engine), ("one thread", copy)):
+        monkeypatch.setattr(
+            e, "_tail_piece", lambda *args, e=e, name=name, f=e._tail_piece: (ran.append(name), f(*args))[1]
+        )
+
+    long = engine.synthesize([LONG], seeded)[0]
+    assert set(ran) == {"one thread"} and len(ran) >= 2 * 2  # at least two chunks a lane
+    np.testing.assert_array_equal(long, alone.synthesize([LONG], seeded)[0])
+    ran.clear()
+    engine.synthesize(["Hi there."], seeded)
+    assert ran in ([], ["two threads"] * len(ran))  # too short to spread: the serving copy's own threads
+
+
+def test_a_failing_sentence_fails_the_call_on_lanes_and_the_next_call_runs(laned, monkeypatch):
+    engine, copy = laned
+    encode = copy._encode
+    calls = iter(range(100))
+
+    def second_fails(*args):
+        if next(calls) == 1:
+            raise EngineError("the second sentence's encoder failed")
+        return encode(*args)
+
+    monkeypatch.setattr(copy, "_encode", second_fails)
+    with pytest.raises(EngineError, match="second sentence"):
+        engine.synthesize(["One. Two. Three."], SynthesisParams(seed=1))
+    monkeypatch.setattr(copy, "_encode", encode)
+
+    assert len(engine.synthesize(["One. Two. Three."], SynthesisParams(seed=1))[0]) > 0

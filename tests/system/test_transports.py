@@ -263,7 +263,7 @@ def test_two_engine_workers_answer_concurrent_requests_with_the_audio_one_worker
 
     two = start_predictor(ENGINE="auto", ENGINE_WORKERS="2", CPU_THREADS="2")
     # Ready on the solo worker's copy; the workers' two copies come after (not part of the cold start).
-    two.wait_for_workers(60)
+    two.wait_for_copies(60)
     assert two.metric("tts_cold_start_seconds", phase="total") > 0
     texts = [f"Request number {n} of four, sent at once." for n in range(1, 5)]
     alone = [
@@ -283,3 +283,31 @@ def test_two_engine_workers_answer_concurrent_requests_with_the_audio_one_worker
         # graph and noise, summed in another order.
         assert len(audio) == len(expected), text
         assert np.abs(audio - expected).max() <= 1e-4, text
+
+
+# --- lanes (engine/lanes.py): one request's sentences side by side on two CPU threads -------------
+def test_two_cpu_threads_run_a_requests_sentences_in_one_call_with_the_audio_one_thread_gives(
+    start_predictor, default_predictor
+):
+    two = start_predictor(ENGINE="auto", CPU_THREADS="2")
+    # The lanes' one-thread copy is made after ready, like the workers' copies.
+    two.wait_for_copies(60)
+    assert '"lanes": true' in two.logs()
+    text = "One sentence first. Then a second one, a little longer. And a third to end it."
+    expected = audio_of(
+        default_predictor.post("/v2/models/tts/infer", json=v2_request(text, seed=SEED)).json()
+    )
+    calls = two.samples("tts_batch_size")
+
+    answer = two.post("/v2/models/tts/infer", json=v2_request(text, seed=SEED))
+    again = two.post("/v2/models/tts/infer", json=v2_request(text, seed=SEED))
+
+    assert answer.status_code == again.status_code == 200, answer.text
+    after = two.samples("tts_batch_size")
+    # Two requests, each one engine call of its three sentences (one thread makes three calls).
+    assert after["tts_batch_size_count"] - calls.get("tts_batch_size_count", 0) == 2
+    assert after["tts_batch_size_sum"] - calls.get("tts_batch_size_sum", 0) == 6
+    audio = audio_of(answer.json())
+    # One thread sums the same graph in another order than two; the same request, the same samples.
+    assert len(audio) == len(expected) and np.abs(audio - expected).max() <= 1e-4
+    np.testing.assert_array_equal(audio_of(again.json()), audio)

@@ -78,6 +78,24 @@ def test_cpu_threads_setting_overrides_the_quota(one_cpu, monkeypatch):
     assert load_settings().threads() == 3
 
 
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({"CPU_THREADS": "2"}, 4),  # onnxruntime on two threads: two lanes, two sentences each
+        ({"CPU_THREADS": "2", "ENGINE_WORKERS": "2"}, 4),  # the solo worker runs a lone call on lanes
+        ({"CPU_THREADS": "1"}, 1),  # one thread: nothing to run side by side
+        ({"CPU_THREADS": "64", "MAX_BATCH_ITEMS": "16"}, 16),  # never more than one call may carry
+        ({"CPU_THREADS": "2", "ENGINE": "torch"}, 1),  # torch on CPU runs a call's texts one by one
+        ({"CPU_THREADS": "2", "MAX_BATCH_SIZE": "8"}, 8),  # batching asked for: its size
+    ],
+)
+def test_a_requests_segments_go_to_the_engine_in_calls_its_lanes_can_share(monkeypatch, env, want):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    assert load_settings().segments_per_call() == want
+
+
 # --- one list encoding, explicit words, the generated reference -----------------------------------
 def test_lists_are_comma_separated_and_json_is_still_read(monkeypatch):
     monkeypatch.setenv("MODEL_ALIASES", "tts-1, house-voice,")
