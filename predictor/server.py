@@ -241,16 +241,39 @@ def _span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
     span.end(end_time=end_ns)
 
 
+# How long nothing runs before the lanes' own copy is made (Engine.add_lanes). Made at ready, it
+# shared the CPUs with the request a cold start woke up for: a 99-character sentence sent at ready took
+# 378-601 ms against 265-316 before lanes (scratch, four starts each). The workers' copies are still
+# made at ready: a pod scaled up into a burst may never be idle, and they are its throughput.
+IDLE_BEFORE_LANES_S = 0.2
+
+
+def _until_idle(service: TTSService, poll_s: float = 0.02) -> None:
+    """Return once no request has been admitted or running for IDLE_BEFORE_LANES_S."""
+    quiet_since: float | None = None
+    while True:
+        now = time.monotonic()
+        if not service.idle():
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = now
+        elif now - quiet_since >= IDLE_BEFORE_LANES_S:
+            return
+        time.sleep(poll_s)
+
+
 def _add_copies(service: TTSService, settings: Settings) -> None:
     """After ready, the engine's other copies: the workers' (Settings.solo_worker), handed to the
-    service, and the one whose sessions let the serving copy run a call's sentences side by side
-    (Engine.add_lanes): a worker's copy where there are workers, else one made for it. On an error the
-    serving copy goes on alone."""
-    start = time.time_ns()
+    service at once, and the one whose sessions let the serving copy run a call's sentences side by
+    side (Engine.add_lanes): a worker's copy where there are workers, else one made for it once the
+    service is idle. On an error the serving copy goes on alone."""
     engine = service.engine
     assert engine is not None
     n = settings.workers() if settings.solo_worker() else 0
     lane_threads = engine.lane_threads()
+    if not n:
+        _until_idle(service)
+    start = time.time_ns()
     try:
         engines = [coldstart.copy(settings) for _ in range(n)]
         lanes = engines[0] if engines else (coldstart.copy(settings, lane_threads) if lane_threads else None)

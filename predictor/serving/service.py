@@ -174,6 +174,10 @@ class TTSService:
             async with self._idle:
                 self._idle.notify_all()
 
+    def idle(self) -> bool:
+        """No request admitted, no engine call running (read from any thread)."""
+        return self._idle_now()
+
     @property
     def admitted(self) -> int:
         return len(self._admitted)
