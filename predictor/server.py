@@ -241,6 +241,11 @@ def _span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
     span.end(end_time=end_ns)
 
 
+# The threads making the engine's other copies after ready: joined before the process exits, since an
+# exit while one is inside onnxruntime aborts the process ("terminate called without an active
+# exception" on stderr, the exit status -6).
+_COPIES: list[threading.Thread] = []
+
 # How long nothing runs before the lanes' own copy is made (Engine.add_lanes). Made at ready, it
 # shared the CPUs with the request a cold start woke up for: a 99-character sentence sent at ready took
 # 378-601 ms against 265-316 before lanes (scratch, four starts each). The workers' copies are still
@@ -248,17 +253,20 @@ def _span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
 IDLE_BEFORE_LANES_S = 0.2
 
 
-def _until_idle(service: TTSService, poll_s: float = 0.02) -> None:
-    """Return once no request has been admitted or running for IDLE_BEFORE_LANES_S."""
+def _until_idle(service: TTSService, poll_s: float = 0.02) -> bool:
+    """True once no request has been admitted or running for IDLE_BEFORE_LANES_S; False if the
+    service starts draining first (a copy made then would only delay the exit)."""
     quiet_since: float | None = None
     while True:
         now = time.monotonic()
+        if service.draining:
+            return False
         if not service.idle():
             quiet_since = None
         elif quiet_since is None:
             quiet_since = now
         elif now - quiet_since >= IDLE_BEFORE_LANES_S:
-            return
+            return True
         time.sleep(poll_s)
 
 
@@ -271,8 +279,8 @@ def _add_copies(service: TTSService, settings: Settings) -> None:
     assert engine is not None
     n = settings.workers() if settings.solo_worker() else 0
     lane_threads = engine.lane_threads()
-    if not n:
-        _until_idle(service)
+    if not n and not _until_idle(service):
+        return
     start = time.time_ns()
     try:
         engines = [coldstart.copy(settings) for _ in range(n)]
@@ -322,9 +330,11 @@ async def await_cold_start(service: TTSService, settings: Settings, pending: Fut
         metrics.COLD_START_SECONDS.labels("total").set(total)
     if settings.solo_worker() or done.engine.lane_threads():
         # Ready on the serving copy alone: a cold start does not wait for the others.
-        threading.Thread(
+        copies = threading.Thread(
             target=_add_copies, args=(service, settings), name="engine-copies", daemon=True
-        ).start()
+        )
+        _COPIES.append(copies)
+        copies.start()
     log.info(
         "model ready",
         extra={
@@ -420,6 +430,8 @@ async def run(settings: Settings, cold_start: Future) -> bool:
     coldstart.abandon()
     finished = await service.drain(settings.drain_timeout_s)
     warm.cancel()
+    for copies in _COPIES:  # a copy's load and warm-up: under a second; one not yet begun is not begun
+        await asyncio.to_thread(copies.join)
     rest.stop(grace_s=1.0)
     if grpc_server:
         await grpc_server.stop(grace_s=1.0)

@@ -179,6 +179,10 @@ class TTSService:
         return self._idle_now()
 
     @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
     def admitted(self) -> int:
         return len(self._admitted)
 

@@ -200,6 +200,22 @@ def test_sigterm_finishes_in_flight_requests_then_exits(start_predictor):
     assert code == 0
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_while_the_engines_other_copies_are_made_exits_0_with_a_clean_log(start_predictor, workers):
+    # Two CPU threads: the lanes' copy (engine/lanes.py) is made once idle after ready, the workers'
+    # copies at ready. A SIGTERM while one was being made aborted the process (std::terminate, -6);
+    # the signal lands at a few points around that making, each on a fresh predictor.
+    for delay_s in (0.0, 0.25, 0.35):
+        predictor = start_predictor(ENGINE="auto", CPU_THREADS="2", ENGINE_WORKERS=workers)
+        assert predictor.post("/v2/models/tts/infer", json=v2_request("Hello.")).status_code == 200
+        time.sleep(delay_s)
+
+        code = predictor.stop()
+
+        assert code == 0, predictor.logs()[-2000:]
+        assert "terminate called" not in predictor.logs()
+
+
 def test_no_credentials_in_logs_or_metrics(predictor):
     predictor.post("/v2/models/tts/infer", json=v2_request("Secrets stay secret."))
 
