@@ -19,7 +19,7 @@ segment, window by window. Either way the same text with the same seed is the sa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,6 +194,7 @@ async def _spoken(
     symbol it skips) comes back as nothing, not as an error: ``check`` has made sure the request has
     something to speak, and a text that ends up with nothing is the caller's 400."""
     limit = service.settings.segments_per_call()
+    plain = [p for _, p in pieces]
     i, following = 0, False
     while i < len(pieces):
         t, piece = pieces[i]
@@ -201,16 +202,7 @@ async def _spoken(
             yield _Spoken(t, piece, None, None, 0.0)
             i += 1
             continue
-        group = [pieces[i]]
-        while len(group) < limit and i + len(group) < len(pieces):
-            _, after = pieces[i + len(group)]
-            if not (
-                isinstance(after, Segment)
-                and text.has_pronounceable(after.text)
-                and after.params == _item(piece.params, len(group))
-            ):
-                break
-            group.append(pieces[i + len(group)])
+        group = pieces[i : i + _group_size(plain, i, limit)]
         i += len(group)
         texts = [s.text for _, s in group if isinstance(s, Segment)]
         said: list[list[Word]] | list[None]
@@ -228,6 +220,27 @@ async def _spoken(
         for j, ((owner, segment), audio, words) in enumerate(zip(group, result.audio, said, strict=True)):
             seconds = result.engine_seconds if j == 0 else 0.0
             yield _Spoken(owner, segment, audio if len(audio) else None, words, seconds)
+
+
+def _group_size(pieces: Sequence[Piece], i: int, limit: int, max_chars: int | None = None) -> int:
+    """How many pieces from pieces[i] (a segment with something to speak) go to the engine as one call:
+    consecutive segments with something to speak, each item j of the call the first's + j (``_item``),
+    at most ``limit``, and past the first at most ``max_chars`` characters in all."""
+    first = pieces[i]
+    assert isinstance(first, Segment)
+    size, chars = 1, len(first.text)
+    while size < limit and i + size < len(pieces):
+        after = pieces[i + size]
+        if not (
+            isinstance(after, Segment)
+            and text.has_pronounceable(after.text)
+            and after.params == _item(first.params, size)
+        ):
+            break
+        if max_chars is not None and chars + len(after.text) > max_chars:
+            break
+        size, chars = size + 1, chars + len(after.text)
+    return size
 
 
 async def whole(
@@ -254,18 +267,53 @@ async def whole(
     yield joined.finish()
 
 
+# A stream's later segments go to the engine in calls of up to Settings.segments_per_call (several
+# sentences side by side on CPU lanes, a batch on a GPU) of at most this many times the characters
+# whose audio it has already sent: a call's work is then a small part of the audio still to play
+# (about 2.5 ms of two CPUs a character, 10 ms for each character sent, whose speech lasts about
+# 60 ms), so the next audio comes before the last runs out. Decoding them one at a time instead,
+# window by window, made a three- or ten-sentence stream take 1.12-1.17x its whole answer once the
+# whole answer ran on lanes (bench streaming; docs/benchmarks.md, "Lanes").
+STREAM_GROUP_CHARS_PER_SENT = 4
+
+
 async def windows(
     service: TTSService, pieces: list[Piece], crossfade_ms: float, on_first: Callable[[], None] | None = None
 ) -> AsyncIterator[np.ndarray]:
-    """One text's crossfaded PCM, a piece per decoder window as it is decoded (the last piece holds
-    the tail)."""
+    """One text's crossfaded PCM: the first segment a piece per decoder window as it is decoded, the
+    later ones a piece per segment as their calls end (one at a time, window by window, where
+    Settings.segments_per_call is one); the last piece holds the tail."""
     joiner = crossfade.CrossfadeJoiner(service.sample_rate, crossfade_ms)
     first, following = True, False
-    for piece in pieces:
+    limit = service.settings.segments_per_call()
+    sent = 0  # characters of the segments whose audio has been handed on
+    i = 0
+    while i < len(pieces):
+        piece = pieces[i]
         if isinstance(piece, Silence):
             yield np.concatenate([joiner.finish(), np.zeros(piece.samples, dtype=np.float32)])
+            i += 1
             continue
         if not text.has_pronounceable(piece.text):
+            i += 1
+            continue
+        if following and limit > 1:
+            size = _group_size(pieces, i, limit, STREAM_GROUP_CHARS_PER_SENT * sent)
+            group = [p for p in pieces[i : i + size] if isinstance(p, Segment)]
+            result = await service.synthesize(
+                [s.text for s in group], piece.params, partial=True, following=True
+            )
+            for audio in result.audio:
+                if not len(audio):  # read as nothing, as a whole answer skips it
+                    continue
+                out = joiner.push_piece(audio, True)
+                if first and len(out):
+                    if on_first is not None:
+                        on_first()
+                    first = False
+                yield out
+            sent += sum(len(s.text) for s in group)
+            i += size
             continue
         starts_segment = True
         async for audio, _last in service.stream(piece.text, piece.params, following=following):
@@ -277,6 +325,8 @@ async def windows(
                     on_first()
                 first = False
             yield out
+        sent += len(piece.text)
+        i += 1
     yield joiner.finish()
 
 

@@ -176,10 +176,10 @@ def test_only_a_streams_first_sentence_starts_with_a_short_window(onnx_engine, t
 
 
 def test_a_streams_later_segments_start_with_a_whole_window(onnx_engine, monkeypatch):
-    # The speech route streams a request segment by segment (serving/pipeline.windows); a later
-    # segment starts while the earlier audio plays, so only the first segment's first window is
-    # short (before, every segment paid the short window and the flow's split, 8-15 % of a stream).
-    settings = load_settings(max_segment_chars=40)  # one sentence a segment here
+    # On one CPU thread the speech route streams a request segment by segment (serving/pipeline.windows);
+    # a later segment starts while the earlier audio plays, so only the first segment's first window
+    # is short (before, every segment paid the short window and the flow's split, 8-15 % of a stream).
+    settings = load_settings(max_segment_chars=40, cpu_threads=1)  # one sentence a segment here
     service = TTSService(settings)
     service.mark_ready(onnx_engine)
     firsts: list[int] = []
@@ -200,6 +200,51 @@ def test_a_streams_later_segments_start_with_a_whole_window(onnx_engine, monkeyp
 
     assert len(pieces) == 3 and sum(len(a) for a in audio) > 0
     assert firsts == [24, 192, 192]
+
+
+def test_on_two_threads_a_streams_later_segments_go_in_calls_no_larger_than_four_times_what_it_sent(
+    voice_dir, onnx_engine, monkeypatch
+):
+    # Where the engine runs a call's sentences side by side (engine/lanes.py), the first segment still
+    # streams window by window and the later ones go to it a few at a time, each call at most four
+    # times the characters already sent (serving/pipeline.STREAM_GROUP_CHARS_PER_SENT).
+    settings = load_settings(max_segment_chars=40, cpu_threads=2)
+    engine = OnnxEngine(device="cpu", threads=2)
+    engine.load(voice_dir)
+    assert engine.add_lanes(onnx_engine)
+    service = TTSService(settings)
+    service.mark_ready(engine)
+    calls: list[list[str]] = []
+    streamed: list[str] = []
+    spoken, stream_checked = engine.spoken, engine.stream_checked
+    monkeypatch.setattr(
+        engine, "spoken", lambda texts, params: (calls.append(list(texts)), spoken(texts, params))[1]
+    )
+    monkeypatch.setattr(
+        engine,
+        "stream_checked",
+        lambda text, params, sizes: (streamed.append(text), stream_checked(text, params, sizes))[1],
+    )
+    text = "It starts. The second one is short. A third follows it. Then a fourth. And a fifth ends it."
+    seeded = SynthesisParams(seed=5)
+    pieces = pipeline.prepare(text, seeded, 40, service.sample_rate, markup=False)
+
+    async def both() -> tuple[list[np.ndarray], np.ndarray]:
+        stream = [audio async for audio in pipeline.windows(service, pieces, settings.crossfade_ms)]
+        whole = await pipeline.synthesize_prepared(service, [pieces], settings.crossfade_ms)
+        return stream, whole.audio[0]
+
+    stream, whole = asyncio.run(both())
+
+    assert streamed == ["It starts."]  # 10 characters sent: the next call may carry 40
+    assert calls[:2] == [
+        ["The second one is short."],
+        ["A third follows it.", "Then a fourth.", "And a fifth ends it."],
+    ]
+    assert calls[2:] == [[p.text for p in pieces[:4]], [pieces[4].text]]  # the whole answer: four, then one
+    joined = np.concatenate(stream)
+    # The first segment's windows join into its whole decode within 1e-4 (test_onnx_windows_join_...).
+    assert len(joined) == len(whole) and np.abs(joined - whole).max() <= 1e-4
 
 
 def test_receptive_field_follows_the_voice_config(voice_dir):
