@@ -246,20 +246,22 @@ def _span(name: str, start_ns: int, end_ns: int, **attrs: Any) -> None:
 # exception" on stderr, the exit status -6).
 _COPIES: list[threading.Thread] = []
 
-# When the lanes' own copy is made (Engine.add_lanes): at the first moment nothing runs after ready
-# (IDLE_BEFORE_LANES_S of it), or LANES_AT_LATEST_S after ready whatever runs. Made at ready, it shared
-# the CPUs with the request a cold start woke up for: a 99-character sentence sent at ready took
-# 378-601 ms against 265-316 before lanes (scratch, four starts each). A pause of 0.2 s was asked for
-# first, which requests 0.1 s apart never left (bench streaming ran without lanes), and a pod busy
-# from the start would never have had one. The workers' copies are still made at ready: a pod scaled
-# up into a burst may never pause, and they are its throughput.
+# When the lanes' own copy is made (Engine.add_lanes): once a request has been answered after ready
+# and nothing has run for IDLE_BEFORE_LANES_S, or LANES_AT_LATEST_S after ready whatever runs. Made
+# at ready, it shared the CPUs with the request a cold start woke up for: a 99-character sentence sent
+# at ready took 378-601 ms against 265-316 before lanes (scratch, four starts each). Waiting for a
+# quiet moment alone did not keep it away: the woken request reaches the pod some time after ready
+# (the Endpoints, Knative's or the HTTP add-on's probe), and a test's request 50 ms after ready found
+# the copy being made. The workers' copies are still made at ready: a pod scaled up into a burst may
+# never pause, and they are its throughput.
 IDLE_BEFORE_LANES_S = 0.05
 LANES_AT_LATEST_S = 10.0
 
 
 def _until_idle(service: TTSService, poll_s: float = 0.01) -> bool:
-    """True once no request has been admitted or running for IDLE_BEFORE_LANES_S, or LANES_AT_LATEST_S
-    from now; False if the service starts draining first (a copy made then would only delay the exit)."""
+    """True once a request has been answered and none has been admitted or running for
+    IDLE_BEFORE_LANES_S, or LANES_AT_LATEST_S from now; False if the service starts draining first (a
+    copy made then would only delay the exit)."""
     quiet_since: float | None = None
     latest = time.monotonic() + LANES_AT_LATEST_S
     while True:
@@ -268,7 +270,7 @@ def _until_idle(service: TTSService, poll_s: float = 0.01) -> bool:
             return False
         if now >= latest:
             return True
-        if not service.idle():
+        if not service.answered or not service.idle():
             quiet_since = None
         elif quiet_since is None:
             quiet_since = now

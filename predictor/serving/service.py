@@ -80,6 +80,7 @@ class TTSService:
         self._draining = False
         self._in_flight = 0  # engine calls, for direct callers that were never admitted
         self._admitted: set[Admission] = set()
+        self._answered = 0  # requests admitted and finished since start
         self._idle = asyncio.Condition()
         self._batcher: Batcher | None = None
 
@@ -163,12 +164,15 @@ class TTSService:
             return
         admission = Admission(self, request_id, route)
         self._admitted.add(admission)
+        if self._batcher is not None:
+            self._batcher.hold_trim()
         token = _ADMISSION.set(admission)
         try:
             yield admission
         finally:
             _ADMISSION.reset(token)
             self._admitted.discard(admission)
+            self._answered += 1
             if self._batcher is not None and self._idle_now():
                 self._batcher.trim_when_idle()
             async with self._idle:
@@ -177,6 +181,11 @@ class TTSService:
     def idle(self) -> bool:
         """No request admitted, no engine call running (read from any thread)."""
         return self._idle_now()
+
+    @property
+    def answered(self) -> int:
+        """Requests admitted and finished (answered or failed) since start (read from any thread)."""
+        return self._answered
 
     @property
     def draining(self) -> bool:
