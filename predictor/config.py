@@ -364,9 +364,10 @@ class Settings(BaseSettings):
     )
     memory_trim: bool = Field(
         True,
-        description="When the last request in flight is answered, give the heap memory it freed back to "
-        "the kernel (glibc malloc_trim), so resident memory returns to its idle size instead of staying "
-        "at its peak. Default on: it runs only when the pod goes idle.",
+        description="Once the last request in flight has been answered and a second has passed with no new "
+        "one, give the heap memory they freed back to the kernel (glibc malloc_trim), so resident memory "
+        "returns to its idle size instead of staying at its peak. Default on: it runs only when the pod "
+        "is idle, and not between requests that follow each other, which would fault their pages in again.",
     )
 
     # --- connection limits: what one client may cost the pod, REST and gRPC ---

@@ -836,3 +836,27 @@ def test_a_segment_with_nothing_to_speak_keeps_its_words_as_points_where_it_stan
     assert [w.word for w in words] == ["Hello", "there.", "?!", "Bye", "now."]
     assert (words[2].start, words[2].end) == (hello, hello)  # a point, between the two sides
     assert words[3].start == hello and words[-1].end == len(result.audio[0])
+
+
+# --- the idle trim (MEMORY_TRIM) -------------------------------------------------------------------
+def test_the_idle_trim_waits_a_second_of_quiet_and_a_request_meanwhile_puts_it_off(monkeypatch):
+    from predictor.serving import batcher as batching
+
+    trims: list[float] = []
+    monkeypatch.setattr(batching, "IDLE_TRIM_DELAY_S", 0.3)
+    monkeypatch.setattr(batching.memory, "release", lambda: trims.append(time.monotonic()) or True)
+    batcher = make_batcher(FakeEngine())
+
+    asked = time.monotonic()
+    batcher.trim_when_idle()
+    time.sleep(0.15)
+    assert trims == []  # not at once: a request following soon finds its pages where they were
+    batcher.hold_trim()  # a request came in
+    time.sleep(0.3)
+    assert trims == []
+    batcher.trim_when_idle()  # answered: idle again, for the whole delay this time
+    deadline = time.monotonic() + 5
+    while not trims and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    assert len(trims) == 1 and trims[0] - asked >= 0.45 + 0.3 - 0.05
