@@ -663,8 +663,8 @@ class Settings(BaseSettings):
         """Consecutive segments of one request that go to the engine as one call: MAX_BATCH_SIZE, or,
         where onnxruntime runs on two CPU threads or more, twice that many threads (at most
         MAX_BATCH_ITEMS), since the engine then runs a call's sentences side by side, one thread each
-        (engine/lanes.py): three sentences 12 %, ten 16 % sooner than one at a time on two threads
-        (docs/benchmarks.md, "Lanes"). Seeded segments are numbered through the request, so the
+        (engine/lanes.py): three sentences about 10 %, ten about 14 % sooner than one at a time on
+        two threads (docs/benchmarks.md, "Lanes"). Seeded segments are numbered through the request, so the
         grouping does not change which noise each one draws."""
         if self.batch_size > 1 or self.engine_name != "onnx" or self.device != "cpu" or self.threads() < 2:
             return self.batch_size

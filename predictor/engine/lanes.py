@@ -2,13 +2,12 @@
 copy of the graph, so that the CPUs run a call's sentences (and a long sentence's decoder chunks) side
 by side instead of splitting each operator between them.
 
-Why: on 2 CPUs a one-thread copy does 1.6-1.9x less per operator than the two-thread one (the text
-encoder and durations are hundreds of small operators that two threads barely speed up), so the same
-sentences cost a call 701 CPU-ms one thread at a time against 2 x 408 ms on two threads at once (three
-sentences; docs/benchmarks.md, "Lanes"). A lone sentence's text encoder, flow and first decoder
-stage, one task with nothing beside it, run on the copy with every thread instead (the engine's
-choice, made from the call's shape alone, so the same call always runs on the same copies and gives
-the same samples).
+Why: two threads on one sentence run its text encoder and durations (2,400 small operators) only
+1.2-1.3x as fast as one thread, its flow 1.6x and its decoder 1.8x, so three sentences cost 701
+CPU-ms one thread at a time against 2 x 408 ms on two threads at once (docs/benchmarks.md, "Lanes").
+A lone sentence's text encoder, flow and first decoder stage, one task with nothing beside it, run
+on the copy with every thread instead (the engine's choice, made from the call's shape alone, so the
+same call always runs on the same copies and gives the same samples).
 
 A call is a list of start tasks (one per sentence, in reading order); each task returns the tasks
 that may run after it (a sentence's decoder chunks). A free lane takes the next start first, so the

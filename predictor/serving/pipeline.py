@@ -12,8 +12,10 @@ faded nor shortened.
 A request's segments are numbered through the request, and segment n draws its noise as item n of a
 call seeded with the request's seed (engine/noise.py). Whole answers go through the queue in calls of
 up to Settings.segments_per_call consecutive segments (sixteen on a GPU, batched; on CPU, twice the
-engine's threads, which it runs side by side, or one where it has one thread); streams go segment by
-segment, window by window. Either way the same text with the same seed is the same audio on every transport.
+engine's threads, which it runs side by side, or one where it has one thread); streams go window by
+window for their first segment and, after it, in such calls no larger than four times what they have
+sent (or segment by segment, window by window, where a call carries one). Either way the same text
+with the same seed is the same audio on every transport.
 """
 
 from __future__ import annotations
@@ -189,8 +191,8 @@ async def _spoken(
     service: TTSService, pieces: list[tuple[int, Piece]], aligned: bool
 ) -> AsyncIterator[_Spoken]:
     """Each piece in order with its audio: segments through the shared queue in calls of up to
-    Settings.segments_per_call consecutive ones of the same span (a call's item j is its first segment + j, so
-    its noise is the segment's own), breaks as they are. A segment espeak-ng reads as nothing (a lone
+    Settings.segments_per_call consecutive ones of the same span (a call's item j is its first segment
+    + j, so its noise is the segment's own), breaks as they are. A segment espeak-ng reads as nothing (a lone
     symbol it skips) comes back as nothing, not as an error: ``check`` has made sure the request has
     something to speak, and a text that ends up with nothing is the caller's 400."""
     limit = service.settings.segments_per_call()
