@@ -17,7 +17,6 @@ per-item durations, so items are run one sentence at a time; the native torch en
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
@@ -204,12 +203,14 @@ class OnnxEngine(PiperEngine):
         frames: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(flat)
         lanes = self._lanes
         if lanes is not None and len(flat) > 1:
+            copy = lanes[1]
             lanes[0].run(
                 [
-                    _Sentence(lanes, flat[i][1:], scales, speaker, audio, frames, i).start
-                    for i in range(len(flat))
+                    partial(copy._sentence_task, seed, s, scales, speaker, audio, frames, i)
+                    for i, (_, seed, s) in enumerate(flat)
                 ]
             )
+            audio = [_clipped(a) for a in audio]
         else:
             for i, (_, seed, s) in enumerate(flat):
                 prior, mask, frames[i] = self._encode(s, scales, speaker, seed)
@@ -226,8 +227,6 @@ class OnnxEngine(PiperEngine):
     def add_lanes(self, copy: Engine) -> bool:
         if not (self._chunked and isinstance(copy, OnnxEngine) and copy._threads < self._threads):
             return False
-        if self._lanes is not None:
-            self._lanes[0].close()
         self._lanes = (Lanes(self._threads // copy._threads), copy)
         return True
 
@@ -323,10 +322,7 @@ class OnnxEngine(PiperEngine):
         lanes = self._lanes
         if lanes is not None and len(bounds) > 2 * lanes[0].n:
             # A lone long sentence: its chunks side by side on the lanes' copy.
-            copy = lanes[1]
-            lanes[0].run(
-                [partial(_tail_task, copy, upsampled, a, b, audio) for a, b in itertools.pairwise(bounds)]
-            )
+            lanes[0].run(lanes[1]._tail_tasks(upsampled, audio))
             return audio
         for start, end in itertools.pairwise(bounds):
             self._tail_piece(upsampled, start, end, audio)
@@ -344,55 +340,38 @@ class OnnxEngine(PiperEngine):
         piece = self._tail.run(None, {UPSAMPLED_NAME: window})[0].reshape(-1)
         audio[start * hop : end * hop] = piece[(start - lo) * hop : (end - lo) * hop]
 
+    def _tail_tasks(self, upsampled: np.ndarray, audio: np.ndarray) -> list[Task]:
+        """The tail's chunks of ``upsampled`` as lanes' tasks, each writing its samples into ``audio``."""
+        bounds = self._tail_bounds(upsampled.shape[-1])
+        return [partial(_tail_task, self, upsampled, a, b, audio) for a, b in itertools.pairwise(bounds)]
+
+    def _sentence_task(
+        self,
+        seed: int,
+        ids: list[int],
+        scales: np.ndarray,
+        speaker: int | None,
+        audio: list[np.ndarray],
+        frames: list[np.ndarray],
+        i: int,
+    ) -> Sequence[Task]:
+        """Sentence i of a call on lanes, run on this (one-thread) copy: text encoder, flow and first
+        decoder stage here, the tail's chunks as the tasks that follow; audio[i] is filled unclipped."""
+        prior, mask, frames[i] = self._encode(ids, scales, speaker, seed)
+        assert self._decoder is not None
+        out = self._decoder.run(None, {LATENT_NAME: self._run_flow(prior, mask)})[0]
+        if self._tail is None:  # a whole decoder.onnx: nothing follows
+            audio[i] = out
+            return ()
+        audio[i] = np.empty(out.shape[-1] * self._tail_hop, dtype=np.float32)
+        return self._tail_tasks(out, audio[i])
+
 
 def _tail_task(
     engine: OnnxEngine, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray
 ) -> Sequence[Task]:
     engine._tail_piece(upsampled, start, end, audio)
     return ()
-
-
-class _Sentence:
-    """One sentence of a call run on the lanes' one-thread copy: text encoder, flow and first decoder
-    stage as one task (start), then the decoder's tail in chunks the lanes share (audio[i], frames[i])."""
-
-    def __init__(
-        self,
-        lanes: tuple[Lanes, OnnxEngine],
-        seed_ids: tuple[int, list[int]],
-        scales: np.ndarray,
-        speaker: int | None,
-        audio: list[np.ndarray],
-        frames: list[np.ndarray],
-        i: int,
-    ):
-        self.copy = lanes[1]
-        self.seed, self.ids = seed_ids
-        self.scales, self.speaker = scales, speaker
-        self.audio, self.frames, self.i = audio, frames, i
-        self.left = 0
-        self.lock = threading.Lock()
-
-    def start(self) -> Sequence[Task]:
-        e = self.copy
-        prior, mask, self.frames[self.i] = e._encode(self.ids, self.scales, self.speaker, self.seed)
-        assert e._decoder is not None
-        out = e._decoder.run(None, {LATENT_NAME: e._run_flow(prior, mask)})[0]
-        if e._tail is None:  # a whole decoder.onnx: nothing follows
-            self.audio[self.i] = _clipped(out)
-            return ()
-        bounds = e._tail_bounds(out.shape[-1])
-        self.left = len(bounds) - 1
-        joined = np.empty(out.shape[-1] * e._tail_hop, dtype=np.float32)
-        return [partial(self.chunk, out, a, b, joined) for a, b in itertools.pairwise(bounds)]
-
-    def chunk(self, upsampled: np.ndarray, start: int, end: int, joined: np.ndarray) -> Sequence[Task]:
-        self.copy._tail_piece(upsampled, start, end, joined)
-        with self.lock:
-            self.left -= 1
-            if self.left == 0:
-                self.audio[self.i] = _clipped(joined)
-        return ()
 
 
 def _clipped(audio: np.ndarray) -> np.ndarray:

@@ -45,9 +45,6 @@ class Lanes:
         if call.error is not None:
             raise call.error
 
-    def close(self) -> None:
-        self._helpers.shutdown(wait=False)
-
 
 class _Call:
     """One ``Lanes.run``: what waits, how many lanes are busy, the first error."""
