@@ -136,7 +136,8 @@ def router(service: TTSService, settings: Settings) -> APIRouter:
         if not (body.stream or body.stream_format is not None):
             pieces = pipeline.whole(service, segments, settings.crossfade_ms, first_audio, words=words)
             whole = np.concatenate([piece async for piece in pieces])
-            encoded = await off_loop(whole.nbytes, codecs.encode, whole, service.sample_rate, fmt)
+            work = codecs.encode_us(fmt, len(whole), service.sample_rate)
+            encoded = await off_loop(work, codecs.encode, whole, service.sample_rate, fmt)
             if words is None:
                 return Response(encoded, media_type=codecs.FORMATS[fmt].media_type)
             answer = {
@@ -191,7 +192,8 @@ async def _encoded(pieces: AsyncIterator[np.ndarray], encoder: codecs.StreamEnco
         async for piece in pieces:
             # Off the loop as the whole file's encode is (a window is up to 2 s of audio: milliseconds
             # of mp3 or opus work), on the one request worker, so chunks are encoded in order.
-            chunk = head + await off_loop(piece.nbytes, encoder.encode_chunk, piece)
+            work = codecs.encode_us(encoder.format, len(piece), encoder.sample_rate)
+            chunk = head + await off_loop(work, encoder.encode_chunk, piece)
             head = b""
             if chunk:
                 yield chunk

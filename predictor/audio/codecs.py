@@ -89,14 +89,19 @@ class Format:
     sf_subtype: str
     streamable: bool
     lossy: bool
+    # About what encoding a second of audio costs one CPU, in microseconds, resampling included: how
+    # serving/offload.py tells an encode too small to leave the event loop for (``encode_us``).
+    # Measured on a 2-CPU Xeon (Sapphire Rapids), 1.5 s and 10 s of 22,050 Hz audio, the larger
+    # figure rounded up: wav 47-152, pcm 32-166, flac 254-575, mp3 6,439-7,628, opus 34,222-35,267.
+    encode_us_per_s: int
     # Sample rates the codec accepts; None means any. Other rates are resampled (see output_sample_rate).
     sample_rates: tuple[int, ...] | None = None
 
 
 FORMATS: dict[str, Format] = {
-    "wav": Format("wav", "audio/wav", "WAV", "PCM_16", streamable=True, lossy=False),
-    "pcm": Format("pcm", "audio/pcm", None, "PCM_16", streamable=True, lossy=False),
-    "flac": Format("flac", "audio/flac", "FLAC", "PCM_16", streamable=True, lossy=False),
+    "wav": Format("wav", "audio/wav", "WAV", "PCM_16", streamable=True, lossy=False, encode_us_per_s=200),
+    "pcm": Format("pcm", "audio/pcm", None, "PCM_16", streamable=True, lossy=False, encode_us_per_s=200),
+    "flac": Format("flac", "audio/flac", "FLAC", "PCM_16", streamable=True, lossy=False, encode_us_per_s=600),
     "mp3": Format(
         "mp3",
         "audio/mpeg",
@@ -104,6 +109,7 @@ FORMATS: dict[str, Format] = {
         "MPEG_LAYER_III",
         streamable=True,
         lossy=True,
+        encode_us_per_s=8000,
         sample_rates=(8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000),
     ),
     "opus": Format(
@@ -113,6 +119,7 @@ FORMATS: dict[str, Format] = {
         "OPUS",
         streamable=True,
         lossy=True,
+        encode_us_per_s=36000,
         sample_rates=(8000, 12000, 16000, 24000, 48000),
     ),
 }
@@ -185,6 +192,13 @@ def to_pcm16(audio: np.ndarray) -> np.ndarray:
     if nan.any():
         y[nan] = 0.0
     return y.astype(np.int16)
+
+
+def encode_us(fmt: str | Format, samples: int, sample_rate: int) -> int:
+    """About how many microseconds of one CPU encoding ``samples`` samples at ``sample_rate`` in
+    ``fmt`` takes (``Format.encode_us_per_s``)."""
+    f = fmt if isinstance(fmt, Format) else get_format(fmt)
+    return samples * f.encode_us_per_s // sample_rate
 
 
 def encode(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:

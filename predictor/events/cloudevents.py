@@ -304,7 +304,8 @@ async def _synthesize(
     fmt = request.format
     # Encoding (MP3, Opus) costs CPU time: off the event loop, as on every route.
     audio = result.audio[0]
-    data = await off_loop(audio.nbytes, codecs.encode, audio, result.sample_rate, fmt.name)
+    work = codecs.encode_us(fmt.name, len(audio), result.sample_rate)
+    data = await off_loop(work, codecs.encode, audio, result.sample_rate, fmt.name)
     encoded = EncodedAudio(
         data=data,
         format=fmt.name,
