@@ -304,26 +304,30 @@ class OnnxEngine(PiperEngine):
         # [1, 1, 1, S] from a whole decoder.onnx; [1, C, F * upsample_rates[0]] from the head
         return _clipped(out if self._tail is None else self._run_tail(out))
 
-    def _tail_bounds(self, n: int) -> list[int]:
+    def _tail_bounds(self, n: int, parts: int = 1) -> list[int]:
         """Where the tail's chunks of the head's n output positions start and end: chunks of equal size,
-        give or take one, about _tail_chunk each on CPU; one chunk on a GPU."""
-        chunks = max(1, round(n / self._tail_chunk)) if self._chunked else 1
+        give or take one, about _tail_chunk each and a multiple of ``parts`` of them on CPU; one chunk
+        on a GPU."""
+        chunks = parts * max(1, round(n / (parts * self._tail_chunk))) if self._chunked else 1
         return [n * k // chunks for k in range(chunks + 1)]
 
     def _run_tail(self, upsampled: np.ndarray) -> np.ndarray:
         """The head's output [1, C, P] -> audio [P * tail_hop]: whole, or on CPU chunk after chunk
-        (_tail_piece)."""
+        (_tail_piece), side by side where the engine has lanes."""
         assert self._tail is not None
         n = upsampled.shape[-1]
+        lanes = self._lanes
+        if lanes is not None:
+            audio = np.empty(n * self._tail_hop, dtype=np.float32)
+            # A lone sentence or a stream's window: its chunks side by side on the lanes' copy, as many
+            # for each lane, since a lane left alone with the last chunk halves the CPUs at work
+            # (docs/benchmarks.md, "A lone sentence's tail on lanes").
+            lanes[0].run(lanes[1]._tail_tasks(upsampled, audio, lanes[0].n))
+            return audio
         bounds = self._tail_bounds(n)
         if len(bounds) == 2:
             return self._tail.run(None, {UPSAMPLED_NAME: upsampled})[0]
         audio = np.empty(n * self._tail_hop, dtype=np.float32)
-        lanes = self._lanes
-        if lanes is not None and len(bounds) > 2 * lanes[0].n:
-            # A lone long sentence: its chunks side by side on the lanes' copy.
-            lanes[0].run(lanes[1]._tail_tasks(upsampled, audio))
-            return audio
         for start, end in itertools.pairwise(bounds):
             self._tail_piece(upsampled, start, end, audio)
         return audio
@@ -340,9 +344,10 @@ class OnnxEngine(PiperEngine):
         piece = self._tail.run(None, {UPSAMPLED_NAME: window})[0].reshape(-1)
         audio[start * hop : end * hop] = piece[(start - lo) * hop : (end - lo) * hop]
 
-    def _tail_tasks(self, upsampled: np.ndarray, audio: np.ndarray) -> list[Task]:
-        """The tail's chunks of ``upsampled`` as lanes' tasks, each writing its samples into ``audio``."""
-        bounds = self._tail_bounds(upsampled.shape[-1])
+    def _tail_tasks(self, upsampled: np.ndarray, audio: np.ndarray, parts: int = 1) -> list[Task]:
+        """The tail's chunks of ``upsampled`` (a multiple of ``parts`` of them) as lanes' tasks, each
+        writing its samples into ``audio``."""
+        bounds = self._tail_bounds(upsampled.shape[-1], parts)
         return [partial(_tail_task, self, upsampled, a, b, audio) for a, b in itertools.pairwise(bounds)]
 
     def _sentence_task(
