@@ -366,8 +366,10 @@ class Settings(BaseSettings):
         True,
         description="Once the last request in flight has been answered and a second has passed with no new "
         "one, give the heap memory they freed back to the kernel (glibc malloc_trim), so resident memory "
-        "returns to its idle size instead of staying at its peak. Default on: it runs only when the pod "
-        "is idle, and not between requests that follow each other, which would fault their pages in again.",
+        "returns to its idle size instead of staying at its peak; after the first time, only once resident "
+        "memory has grown by more than 64 MiB since the last trim. Default on: it runs only when the pod "
+        "is idle and has something to give back, and not between requests that follow each other, which "
+        "would fault their pages in again.",
     )
 
     # --- connection limits: what one client may cost the pod, REST and gRPC ---

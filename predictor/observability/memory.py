@@ -5,7 +5,8 @@ glibc's malloc keeps freed memory in its arenas (one per thread that allocated, 
 reuse, so a process that once held a long request's audio and activations stays that large while
 idle: resident memory only grows, and a pod sized on its idle figure is OOM-killed on its peak.
 ``release`` asks glibc to return what is free (``malloc_trim(0)``: the top of every arena and the
-free pages inside them). MALLOC_ARENA_MAX (set in the manifests and the image) bounds the arenas.
+free pages inside them). Pages given back are faulted in again by the next request that uses them, so
+``release_grown`` trims only once resident memory has grown enough since the last trim to be worth it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,21 @@ def release() -> bool:
     """Return free heap memory to the kernel; whether anything was released (False: nothing, or not glibc)."""
     trim = _malloc_trim()
     return bool(trim is not None and trim(0))
+
+
+# Resident bytes right after the last release_grown trim (the process's, whichever thread trimmed).
+_after_last_trim: int | None = None
+
+
+def release_grown(min_growth: int) -> bool:
+    """``release`` if resident memory has grown by more than ``min_growth`` bytes since the last time
+    this trimmed (always the first time); whether it trimmed."""
+    global _after_last_trim
+    if _after_last_trim is not None and resident_bytes() - _after_last_trim <= min_growth:
+        return False
+    release()
+    _after_last_trim = resident_bytes()
+    return True
 
 
 def resident_bytes() -> int:

@@ -43,12 +43,18 @@ from predictor.observability import memory, metrics
 
 log = logging.getLogger("predictor.batcher")
 
-# How long the service stays idle before the engine thread gives freed heap back (MEMORY_TRIM). Done
+# How long the service stays idle before freed heap is given back (MEMORY_TRIM). Done
 # at once, every request after any pause faulted its pages in again: a 26-character sentence alone
 # took 71.4 ms against 68.4 with no trim, 99 characters 247.5 against 241.9 (medians of 15,
 # alternated, 2 CPUs). A second keeps requests that follow each other from paying for it, and an
 # idle pod still returns its memory within a second.
 IDLE_TRIM_DELAY_S = 1.0
+# How much resident memory must have grown since the last trim for the next to run. After short
+# requests on onnxruntime a trim gave back 8 of 452 MiB (onnxruntime keeps its working memory in its
+# own arena, which no trim reaches), and the next 26-character sentence faulted 318 pages in again:
+# 60.6 against 57.2 ms after 3 s of quiet (in process, medians of 6). After long requests the torch
+# engine frees hundreds of MiB of heap (docs/reliability.md, "Memory").
+TRIM_MIN_GROWTH_BYTES = 64 * 1024 * 1024
 
 RunBatch = Callable[[Sequence[str], SynthesisParams], list[np.ndarray]]
 # (text, params, following): following, the text continues a stream whose earlier audio is playing.
@@ -136,7 +142,11 @@ class Batcher:
         self._trim_due = False
         self._trim_at = 0.0  # monotonic time the due trim runs, if nothing comes before it
         self._queue: deque[_Job] = deque()
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # The idle trim's thread waits on its own condition of the same lock: notified only when a trim
+        # may be due, so an engine thread is never woken for it (_trim_when_due says why).
+        self._trim_cond = threading.Condition(lock)
         self._job_seconds = 1.0  # moving average of engine time per call: sizes Retry-After
         self._threads = [
             threading.Thread(
@@ -146,6 +156,8 @@ class Batcher:
         ]
         for thread in self._threads:
             thread.start()
+        if trim_when_idle:
+            threading.Thread(target=self._trim_when_due, name="memory-trim", daemon=True).start()
 
     def add_workers(self, workers: Sequence[Worker]) -> None:
         """Make the one worker so far the solo one and serve the overlapping calls on ``workers``
@@ -164,14 +176,14 @@ class Batcher:
             thread.start()
 
     def trim_when_idle(self) -> None:
-        """Every request has been answered: once its queue is empty, the engine thread gives the
-        memory they freed back to the kernel (observability/memory.py says why)."""
+        """Every request has been answered: once nothing has run or waited for IDLE_TRIM_DELAY_S, the
+        memory they freed goes back to the kernel (observability/memory.py says why)."""
         if not self._trim_when_idle:
             return
         with self._cond:
             self._trim_due = True
             self._trim_at = time.monotonic() + IDLE_TRIM_DELAY_S
-            self._cond.notify_all()
+            self._trim_cond.notify()
 
     def hold_trim(self) -> None:
         """A request came in: the service is not idle, so no trim is due (trim_when_idle asks again)."""
@@ -268,6 +280,8 @@ class Batcher:
                 with self._cond:
                     self._busy -= 1
                     self._cond.notify_all()  # the solo thread may take the next call now
+                    if self._busy == 0:
+                        self._trim_cond.notify()  # a trim put off while this ran may be due
             # Answered only now, once this worker counts as free: a caller's next request, sent the
             # moment this one is answered, finds nothing running (the solo worker's lone call).
             for answer in settle:
@@ -357,20 +371,6 @@ class Batcher:
         """The oldest live job; expired and abandoned ones are resolved or skipped on the way."""
         while True:
             while not self._may_take(worker):
-                if not self._queue and self._trim_due and self._busy == 0:
-                    wait = self._trim_at - time.monotonic()
-                    if wait > 0:
-                        self._cond.wait(wait)
-                        continue
-                    self._trim_due = False
-                    # Outside the lock: a request arriving meanwhile is queued, and waits for the
-                    # trim (milliseconds) rather than for the lock.
-                    self._cond.release()
-                    try:
-                        memory.release()
-                    finally:
-                        self._cond.acquire()
-                    continue
                 self._cond.wait()
             job = self._queue.popleft()
             metrics.QUEUE_DEPTH.set(len(self._queue))
@@ -378,6 +378,32 @@ class Batcher:
                 self._busy += 1
                 return job
             self._cond.notify_all()  # as in _withdraw
+
+    def _trim_when_due(self) -> None:
+        """The idle trim's own thread, on its own condition: an engine thread woken while idle (by the
+        trim's timer, or by a notify of the queue's condition, as when it trimmed) often ran the next
+        request slower. In process, a 26-character sentence on lanes every 1.5 s: 57.6-60.8 ms on an
+        engine thread that slept until the request, 69.3-76.9 ms on one a timer had woken a second
+        after the last (medians of 16, three runs each); two batchers side by side, trim on against
+        off, 65.4-84.4 against 58.4-60.5 ms with the engine thread woken, 59.2-62.2 against 60.8-62.9
+        ms (a third run 75.7 against 73.7) since. A lone predictor showed no difference either way."""
+        with self._cond:
+            while True:
+                if not (self._trim_due and not self._queue and self._busy == 0):
+                    self._trim_cond.wait()
+                    continue
+                wait = self._trim_at - time.monotonic()
+                if wait > 0:
+                    self._trim_cond.wait(wait)
+                    continue
+                self._trim_due = False
+                # Outside the lock: a request arriving meanwhile is queued, and waits for the trim
+                # (milliseconds) rather than for the lock.
+                self._cond.release()
+                try:
+                    memory.release_grown(TRIM_MIN_GROWTH_BYTES)
+                finally:
+                    self._cond.acquire()
 
     def _admit(self, job: _Job) -> bool:
         waited = time.monotonic() - job.enqueued

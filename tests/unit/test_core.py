@@ -845,6 +845,7 @@ def test_the_idle_trim_waits_a_second_of_quiet_and_a_request_meanwhile_puts_it_o
     trims: list[float] = []
     monkeypatch.setattr(batching, "IDLE_TRIM_DELAY_S", 0.3)
     monkeypatch.setattr(batching.memory, "release", lambda: trims.append(time.monotonic()) or True)
+    monkeypatch.setattr(batching.memory, "_after_last_trim", None)  # no trim yet: the first always runs
     batcher = make_batcher(FakeEngine())
 
     asked = time.monotonic()
@@ -860,3 +861,45 @@ def test_the_idle_trim_waits_a_second_of_quiet_and_a_request_meanwhile_puts_it_o
         time.sleep(0.01)
 
     assert len(trims) == 1 and trims[0] - asked >= 0.45 + 0.3 - 0.05
+
+
+def test_the_idle_trim_runs_on_a_thread_of_its_own_and_wakes_no_engine_thread(monkeypatch):
+    from predictor.serving import batcher as batching
+
+    trims: list[str] = []
+    monkeypatch.setattr(batching, "IDLE_TRIM_DELAY_S", 0.2)
+    monkeypatch.setattr(
+        batching.memory, "release", lambda: trims.append(threading.current_thread().name) or True
+    )
+    monkeypatch.setattr(batching.memory, "_after_last_trim", None)
+    batcher = make_batcher(FakeEngine())
+    woken: list[str] = []  # an engine thread asks whether it may take a job each time it wakes
+    may_take = batcher._may_take
+    monkeypatch.setattr(batcher, "_may_take", lambda worker: woken.append("woken") or may_take(worker))
+
+    batcher.trim_when_idle()
+    deadline = time.monotonic() + 5
+    while not trims and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    # An engine thread woken while idle ran the next request slower (Batcher._trim_when_due).
+    assert trims == ["memory-trim"] and woken == []
+
+
+def test_the_idle_trim_runs_again_only_once_resident_memory_has_grown_past_its_threshold(monkeypatch):
+    from predictor.observability import memory
+
+    MiB = 1024 * 1024
+    # Resident memory as each call reads it (MiB): after the first trim, then before each later call.
+    resident = iter([390, 430, 454, 455, 400, 460])
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "resident_bytes", lambda: next(resident) * MiB)
+    monkeypatch.setattr(memory, "release", lambda: trims.append(1) or True)
+    monkeypatch.setattr(memory, "_after_last_trim", None)
+
+    assert memory.release_grown(64 * MiB)  # the first always runs: 390 MiB after it
+    assert not memory.release_grown(64 * MiB)  # 40 MiB more, pages the next request would fault in again
+    assert not memory.release_grown(64 * MiB)  # 64 MiB more: not past it
+    assert memory.release_grown(64 * MiB)  # 65 MiB more: trimmed, 400 MiB after it
+    assert not memory.release_grown(64 * MiB)  # 60 MiB above the new figure
+    assert len(trims) == 2
