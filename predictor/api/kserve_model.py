@@ -19,7 +19,7 @@ from predictor.api.v2_codec import (
 from predictor.errors import NotReady
 from predictor.serving import pipeline
 from predictor.serving.limits import TextLimits
-from predictor.serving.offload import INLINE_BYTES, off_loop
+from predictor.serving.offload import INLINE_WORK_US, off_loop
 from predictor.serving.service import TTSService
 
 
@@ -63,7 +63,9 @@ class TTSModel(Model):
         # Off the event loop: KServe hands us the message already read, so its size is not known here,
         # and normalizing or encoding a large one would hold the loop (and the probes) meanwhile.
         limits = TextLimits.of(self.service.settings)
-        call = await off_loop(INLINE_BYTES + 1, decode_v2, payload, binary_outputs_requested(payload), limits)
+        call = await off_loop(
+            INLINE_WORK_US + 1, decode_v2, payload, binary_outputs_requested(payload), limits
+        )
         result = await pipeline.synthesize(
             self.service, call.texts, call.params, call.ssml, self.service.settings, call.timestamps
         )

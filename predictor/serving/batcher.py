@@ -280,8 +280,8 @@ class Batcher:
                 with self._cond:
                     self._busy -= 1
                     self._cond.notify_all()  # the solo thread may take the next call now
-                    if self._busy == 0:
-                        self._trim_cond.notify()  # a trim put off while this ran may be due
+                    if self._busy == 0 and self._trim_due:
+                        self._trim_cond.notify()  # a trim put off while this ran may be due now
             # Answered only now, once this worker counts as free: a caller's next request, sent the
             # moment this one is answered, finds nothing running (the solo worker's lone call).
             for answer in settle:
