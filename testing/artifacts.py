@@ -42,6 +42,15 @@ def untouched_decoder(model_onnx: Path) -> Any:
     return cut_at_generator(model_onnx)[1]
 
 
+def prior_before_banded_attention(model_onnx: Path) -> Any:
+    """The prior.onnx publish wrote before banded_attention: Piper's encoder with its noise fed
+    (feed_noise) and durations given out (expose_durations), cut at the flow, its attention as
+    exported (relative terms over every pair of phonemes)."""
+    from predictor.engine.exported_graph import cut_at_generator, expose_durations, feed_noise, split_flow
+
+    return split_flow(expose_durations(feed_noise(cut_at_generator(model_onnx)[0])))[0]
+
+
 def as_published_before_the_decoder_cut(voice_dir: Path, out_dir: Path) -> Path:
     """A copy of ``voice_dir`` as publish wrote it before cut_decoder: prior.onnx and flow.onnx beside
     one decoder.onnx, the whole generator with its upsamplings as convolutions (polyphase_upsampling)."""

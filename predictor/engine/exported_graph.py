@@ -12,6 +12,8 @@ CPU image can apply them to an artifact published before they existed):
   * ``feed_noise``: the encoder's RandomNormalLike nodes read from an input (engine/noise.py), so a
     seed means the same audio on either engine;
   * ``expose_durations``: the encoder gives out each phoneme id's frames (word timestamps);
+  * ``banded_attention``: the text encoder's relative-position terms computed over the window of
+    offsets that has embeddings, not over every pair of phonemes (the same sums without the zeros);
   * ``polyphase_upsampling``: the decoder's transposed convolutions as ordinary ones, one output
     channel per phase, interleaved (the same sums in another order, in about half the time).
 
@@ -24,7 +26,10 @@ cut_decoder runs unchanged (the same audio, slower) until the voice is published
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from predictor.engine.voice_files import (
     DURATIONS_NAME,
@@ -187,10 +192,11 @@ def split_flow(encoder: Any) -> tuple[Any, Any]:
 
 
 def prepare_encoder(encoder: Any) -> Any:
-    """The encoder as the onnx engine runs it: noise fed from an input (feed_noise) and the frames of
-    each phoneme id given out (expose_durations). Idempotent, so an encoder split before either
-    existed is brought up to date at load."""
-    return expose_durations(feed_noise(encoder))
+    """The encoder as the onnx engine runs it: noise fed from an input (feed_noise), the frames of
+    each phoneme id given out (expose_durations), the attention's relative terms over their window
+    (banded_attention). Idempotent, so an encoder split before any of them existed is brought up to
+    date at load."""
+    return banded_attention(expose_durations(feed_noise(encoder)))
 
 
 def prepare_decoder(decoder: Any) -> tuple[Any, Any]:
@@ -199,6 +205,151 @@ def prepare_decoder(decoder: Any) -> tuple[Any, Any]:
     (polyphase_upsampling)."""
     head, tail = cut_decoder(decoder)
     return polyphase_upsampling(head), polyphase_upsampling(tail)
+
+
+_ATTENTION_SCOPE = "/enc_p/encoder/attn_layers."  # the export names each layer's nodes after its module
+
+
+def banded_attention(encoder: Any) -> Any:
+    """The encoder with each attention layer's relative-position terms computed over the 2w + 1 offsets
+    that have embeddings (w = window_size, 4 in Piper's voices) instead of all 2T - 1.
+
+    VITS pads emb_rel_k and emb_rel_v with zeros to 2T - 1 offsets, multiplies the queries by the keys'
+    [T, 2T - 1] (a [T, 2T - 1] result, all but 2w + 1 columns zeros), and turns the attention weights
+    [T, T] into [T, 2T - 1] columns to multiply by the values' (all but 2w + 1 rows zeros). Here the
+    queries meet the 2w + 1 key embeddings alone ([T, 2w + 1]), padded and skewed into [T, T] (row i
+    moved i places right: pad to T + 2w + 1, flatten, drop T, view as [T, T + 2w]); and the weights'
+    band is skewed out of [T, T] ([T, 2w + 1]: row i moved i places left) for the 2w + 1 value
+    embeddings. The same products and sums, none of them the zeros': the same samples (compared exactly,
+    tests/system/test_engines.py), and a 348-character sentence's prior in 0.72x the time on two
+    threads, 0.70x on one (docs/benchmarks.md, "The attention's relative terms over their window").
+
+    A layer found by the export's node names within its scope; a graph without them (already banded,
+    or not Piper's export) is returned as it is.
+    """
+    from onnx import numpy_helper
+
+    graph = encoder.graph
+    nodes = {n.name: n for n in graph.node}
+    weights = {i.name: i for i in graph.initializer}
+    layers = sorted(
+        {
+            n.name[len(_ATTENTION_SCOPE) :].split("/")[0]
+            for n in graph.node
+            if n.name.startswith(_ATTENTION_SCOPE)
+        }
+    )
+    plans = []
+    for layer in layers:
+        scope = f"{_ATTENTION_SCOPE}{layer}/"
+        # MatMul_1: queries x the keys' padded embeddings; Add_1 adds its [T, T] to the scores;
+        # Pad_3 reads the attention weights; Add_3 adds their relative part to the output; Pad and
+        # Pad_5 pad emb_rel_k and emb_rel_v.
+        names = [scope + name for name in ("MatMul_1", "Add_1", "Pad_3", "Add_3", "Pad", "Pad_5")]
+        if not all(name in nodes for name in names):
+            continue
+        logits, add_keys, pad_weights, add_values, pad_k, pad_v = (nodes[name] for name in names)
+        if pad_k.input[0] not in weights or pad_v.input[0] not in weights:
+            continue
+        emb_k = numpy_helper.to_array(weights[pad_k.input[0]])  # [H|1, 2w + 1, Dk]
+        emb_v = numpy_helper.to_array(weights[pad_v.input[0]])
+        if emb_k.ndim != 3 or emb_k.shape != emb_v.shape or emb_k.shape[1] % 2 != 1:
+            continue
+        plans.append((layer, logits.input[0], pad_weights.input[0], add_keys, add_values, emb_k, emb_v))
+    if not plans:
+        return encoder
+
+    def ints(name: str, values: list[int]) -> str:
+        graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
+        return name
+
+    shared = _BandConstants(
+        ints("band/0", [0]),
+        ints("band/1", [1]),
+        ints("band/2", [2]),
+        ints("band/3", [3]),
+        ints("band/1,-1", [1, -1]),
+    )
+    before: dict[str, list[Any]] = {}  # node name -> the new nodes that go just before it
+    for layer, queries, attention, add_keys, add_values, emb_k, emb_v in plans:
+        p = f"band/{layer}/"
+        band, w = emb_k.shape[1], emb_k.shape[1] // 2
+        graph.initializer.append(
+            numpy_helper.from_array(np.ascontiguousarray(emb_k.transpose(0, 2, 1)), p + "emb_k_t")
+        )
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(emb_v), p + "emb_v"))
+        sizes = (ints(p + "band", [band]), ints(p + "w", [w]), ints(p + "2w", [band - 1]))
+        keys, values = _band_nodes(p, queries, attention, shared, *sizes)
+        add_keys.input[1] = p + "k_logits"
+        add_values.input[1] = p + "v_relative"
+        before[add_keys.name] = keys
+        before[add_values.name] = values
+    ordered = [new for n in graph.node for new in [*before.get(n.name, []), n]]
+    # What no output depends on any more (the padded embeddings, the [T, 2T - 1] products) goes.
+    live = {o.name for o in graph.output}
+    kept = []
+    for n in reversed(ordered):
+        if any(o in live for o in n.output):
+            kept.append(n)
+            live.update(n.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    unused = [i for i in graph.initializer if i.name not in live]
+    for i in unused:
+        graph.initializer.remove(i)
+    return encoder
+
+
+@dataclass(frozen=True)
+class _BandConstants:
+    """banded_attention's int64 constants [1], by the names of their initializers."""
+
+    zero: str
+    one: str
+    two: str
+    three: str
+    batch_heads: str  # [1, -1]
+
+
+def _band_nodes(
+    p: str, queries: str, attention: str, c: _BandConstants, band: str, w: str, two_w: str
+) -> tuple[list[Any], list[Any]]:
+    """One layer's new nodes (names prefixed ``p``): those before the scores' Add, ending in
+    ``p + "k_logits"`` [1, H, T, T], and those before the output's Add, ending in ``p + "v_relative"``
+    [1, H, T, Dk]. ``band``, ``w``, ``two_w``: the names of 2w + 1, w and 2w."""
+    from onnx import helper
+
+    def node(op: str, inputs: list[str], out: str, **attrs: Any) -> Any:
+        return helper.make_node(op, inputs, [p + out], name=p + out, **attrs)
+
+    keys = [
+        node("Shape", [queries], "q_shape"),
+        node("Slice", [p + "q_shape", c.two, c.three], "T"),  # queries [1, H, T, Dk]
+        node("Add", [p + "T", two_w], "T+2w"),
+        node("Mul", [p + "T", p + "T+2w"], "T*(T+2w)"),
+        node("Add", [w, p + "T"], "w+T"),
+        node("MatMul", [queries, p + "emb_k_t"], "k_band"),  # [1, H, T, 2w + 1]
+        node("Concat", [c.zero] * 7 + [p + "T"], "k_pads", axis=0),
+        node("Pad", [p + "k_band", p + "k_pads"], "k_padded"),  # [1, H, T, T + 2w + 1]
+        node("Flatten", [p + "k_padded"], "k_flat", axis=2),  # [H, T * (T + 2w + 1)]
+        node("Slice", [p + "k_flat", c.zero, p + "T*(T+2w)", c.one], "k_cut"),  # T fewer
+        node("Concat", [c.batch_heads, p + "T", p + "T+2w"], "k_shape", axis=0),
+        node("Reshape", [p + "k_cut", p + "k_shape"], "k_skewed"),  # [1, H, T, T + 2w]: row i from i
+        node("Slice", [p + "k_skewed", w, p + "w+T", c.three], "k_logits"),  # [1, H, T, T]
+    ]
+    values = [
+        node("Concat", [c.zero] * 3 + [w] + [c.zero] * 3 + [w], "v_pads", axis=0),
+        node("Pad", [attention, p + "v_pads"], "v_padded"),  # [1, H, T, T + 2w]
+        node("Flatten", [p + "v_padded"], "v_flat", axis=2),  # [H, T * (T + 2w)]
+        node("Concat", [c.zero] * 3 + [p + "T"], "v_pads_flat", axis=0),
+        node("Pad", [p + "v_flat", p + "v_pads_flat"], "v_longer"),  # T more
+        node("Add", [p + "T+2w", c.one], "T+2w+1"),
+        node("Concat", [c.batch_heads, p + "T", p + "T+2w+1"], "v_shape", axis=0),
+        node("Reshape", [p + "v_longer", p + "v_shape"], "v_skewed"),  # [1, H, T, T + 2w + 1]: row i from -i
+        node("Slice", [p + "v_skewed", c.zero, band, c.three], "v_band"),  # [1, H, T, 2w + 1]
+        node("MatMul", [p + "v_band", p + "emb_v"], "v_relative"),  # [1, H, T, Dk]
+    ]
+    return keys, values
 
 
 def expose_durations(encoder: Any) -> Any:

@@ -23,6 +23,7 @@ from predictor.errors import BadRequest, EngineError
 from testing.artifacts import (
     as_published_before_noise_and_durations,
     as_published_before_the_decoder_cut,
+    prior_before_banded_attention,
     untouched_decoder,
 )
 from testing.audio import check_samples
@@ -369,6 +370,46 @@ def test_the_published_decoder_gives_the_voices_own_decoders_audio(voice_dir):
     assert upsampled.shape == (1, 128, 90 * 8)  # upsample_initial_channel / 2 at upsample_rates[0] per frame
     assert got.shape == expected.shape == (1, 1, 1, 90 * 256)
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_the_published_priors_attention_over_its_window_gives_the_exported_attentions_outputs_exactly(
+    voice_dir,
+):
+    """prior.onnx as publish writes it (banded_attention) against the encoder's attention as Piper
+    exported it, for phoneme counts below, at and past the window (2w + 1 = 9) and a long sentence's."""
+    import onnx
+
+    from predictor.engine.exported_graph import banded_attention
+    from predictor.engine.voice_files import PRIOR_ONNX
+
+    published = onnx.load(str(voice_dir / PRIOR_ONNX))
+    exported = prior_before_banded_attention(voice_dir / "model.onnx")
+    layers = [
+        n.name for n in exported.graph.node if n.name.endswith("/MatMul_1") and "/attn_layers." in n.name
+    ]
+    assert len(layers) == 6  # the [T, 2T - 1] products of queries and padded key embeddings, one a layer
+    assert not any(n.name in layers for n in published.graph.node)
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+
+    def session(model: onnx.ModelProto) -> onnxruntime.InferenceSession:
+        return onnxruntime.InferenceSession(
+            model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+
+    ours, theirs = session(published), session(exported)
+    rng = np.random.default_rng(7)
+    for t in [*range(1, 12), 64, 750]:
+        feeds = {
+            "input": rng.integers(1, 100, (1, t), dtype=np.int64),
+            "input_lengths": np.asarray([t], dtype=np.int64),
+            "scales": np.asarray([0.667, 1.0, 0.8], dtype=np.float32),
+            "noise": rng.standard_normal(2 * t + 192 * 40 * t, dtype=np.float32),
+        }
+        for got, expected in zip(ours.run(None, feeds), theirs.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(got, expected)
+    again = onnx.load(str(voice_dir / PRIOR_ONNX))
+    assert banded_attention(again).SerializeToString() == published.SerializeToString()  # idempotent
 
 
 def test_the_decoder_tail_in_chunks_gives_its_whole_runs_audio_and_needs_all_of_its_context(engines):
