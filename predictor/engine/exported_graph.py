@@ -221,7 +221,7 @@ def banded_attention(encoder: Any) -> Any:
     moved i places right: pad to T + 2w + 1, flatten, drop T, view as [T, T + 2w]); and the weights'
     band is skewed out of [T, T] ([T, 2w + 1]: row i moved i places left) for the 2w + 1 value
     embeddings. The same products and sums, none of them the zeros': the same samples (compared exactly,
-    tests/system/test_engines.py), and a 348-character sentence's prior in 0.72x the time on two
+    tests/system/test_engines.py), and a 348-character sentence's prior in 0.74x the time on two
     threads, 0.70x on one (docs/benchmarks.md, "The attention's relative terms over their window").
 
     A layer found by the export's node names within its scope; a graph without them (already banded,
