@@ -108,43 +108,34 @@ class MultiHeadAttention(nn.Module):
 
         q = q / math.sqrt(self.k_channels)
         scores = torch.matmul(q, k.transpose(-2, -1))  # [B, H, T, T]
-        rel_k = self._relative_embeddings(self.emb_rel_k, t)  # [H|1, 2T-1, Dk]
-        rel_logits = torch.matmul(q, rel_k.unsqueeze(0).transpose(-2, -1))  # [B, H, T, 2T-1]
-        scores = scores + self._relative_to_absolute(rel_logits)
+        # Only offsets -w..w have embeddings: the queries meet those 2w+1 alone (VITS pads them with
+        # zeros to 2T-1 offsets first; the same sums, exported_graph.banded_attention does it on onnx).
+        rel_logits = torch.matmul(q, self.emb_rel_k.unsqueeze(0).transpose(-2, -1))  # [B, H, T, 2w+1]
+        scores = scores + self._band_to_absolute(rel_logits)
         scores = scores.masked_fill(attn_mask == 0, ATTN_MASK_VALUE)
         p_attn = F.softmax(scores, dim=-1)  # [B, H, T, T]
 
         out = torch.matmul(p_attn, v)  # [B, H, T, Dk]
-        rel_v = self._relative_embeddings(self.emb_rel_v, t)  # [H|1, 2T-1, Dk]
-        out = out + torch.matmul(self._absolute_to_relative(p_attn), rel_v.unsqueeze(0))
+        out = out + torch.matmul(self._absolute_to_band(p_attn), self.emb_rel_v.unsqueeze(0))
         out = out.transpose(2, 3).contiguous().view(b, c, t)
         return self.conv_o(out)
 
-    def _relative_embeddings(self, emb: torch.Tensor, length: int) -> torch.Tensor:
-        """The 2*length-1 offsets -(length-1)..length-1; offsets beyond the window get zeros."""
-        pad = max(length - (self.window_size + 1), 0)
-        start = max((self.window_size + 1) - length, 0)
-        if pad > 0:
-            emb = F.pad(emb, (0, 0, pad, pad))
-        return emb[:, start : start + 2 * length - 1]
+    def _band_to_absolute(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, 2w+1] indexed by offset -w..w -> [B, H, T, T] indexed by key position, zeros
+        outside the band (row i moved i places right: pad, flatten, drop T, view)."""
+        b, h, t, band = x.shape
+        x = F.pad(x, (0, t))  # [B, H, T, T+2w+1]
+        x = x.reshape(b, h, t * (t + band))[:, :, : t * (t + band - 1)]
+        return x.reshape(b, h, t, t + band - 1)[:, :, :, self.window_size : self.window_size + t]
 
-    @staticmethod
-    def _relative_to_absolute(x: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, 2T-1] indexed by offset -> [B, H, T, T] indexed by key position (pad-reshape trick)."""
+    def _absolute_to_band(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, T] indexed by key position -> [B, H, T, 2w+1] indexed by offset -w..w, zeros
+        where the offset falls outside the sentence (row i moved i places left)."""
         b, h, t, _ = x.shape
-        x = F.pad(x, (0, 1))  # [B, H, T, 2T]
-        x = x.reshape(b, h, t * 2 * t)
-        x = F.pad(x, (0, t - 1))
-        return x.view(b, h, t + 1, 2 * t - 1)[:, :, :t, t - 1 :]
-
-    @staticmethod
-    def _absolute_to_relative(x: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, T] indexed by key position -> [B, H, T, 2T-1] indexed by offset."""
-        b, h, t, _ = x.shape
-        x = F.pad(x, (0, t - 1))  # [B, H, T, 2T-1]
-        x = x.reshape(b, h, t * t + t * (t - 1))
-        x = F.pad(x, (t, 0))
-        return x.view(b, h, t, 2 * t)[:, :, :, 1:]
+        w = self.window_size
+        x = F.pad(x, (w, w))  # [B, H, T, T+2w]
+        x = F.pad(x.reshape(b, h, t * (t + 2 * w)), (0, t))  # [B, H, T * (T+2w+1)]
+        return x.view(b, h, t, t + 2 * w + 1)[:, :, :, : 2 * w + 1]
 
 
 class FFN(nn.Module):
