@@ -334,7 +334,7 @@ def _band_nodes(
         node("Flatten", [p + "k_padded"], "k_flat", axis=2),  # [H, T * (T + 2w + 1)]
         node("Slice", [p + "k_flat", c.zero, p + "T*(T+2w)", c.one], "k_cut"),  # T fewer
         node("Concat", [c.batch_heads, p + "T", p + "T+2w"], "k_shape", axis=0),
-        node("Reshape", [p + "k_cut", p + "k_shape"], "k_skewed"),  # [1, H, T, T + 2w]: row i from i
+        node("Reshape", [p + "k_cut", p + "k_shape"], "k_skewed"),  # [1, H, T, T + 2w], row i i right
         node("Slice", [p + "k_skewed", w, p + "w+T", c.three], "k_logits"),  # [1, H, T, T]
     ]
     values = [
@@ -345,7 +345,7 @@ def _band_nodes(
         node("Pad", [p + "v_flat", p + "v_pads_flat"], "v_longer"),  # T more
         node("Add", [p + "T+2w", c.one], "T+2w+1"),
         node("Concat", [c.batch_heads, p + "T", p + "T+2w+1"], "v_shape", axis=0),
-        node("Reshape", [p + "v_longer", p + "v_shape"], "v_skewed"),  # [1, H, T, T + 2w + 1]: row i from -i
+        node("Reshape", [p + "v_longer", p + "v_shape"], "v_skewed"),  # [1, H, T, T + 2w + 1], i left
         node("Slice", [p + "v_skewed", c.zero, band, c.three], "v_band"),  # [1, H, T, 2w + 1]
         node("MatMul", [p + "v_band", p + "emb_v"], "v_relative"),  # [1, H, T, Dk]
     ]
