@@ -252,10 +252,12 @@ def banded_attention(encoder: Any) -> Any:
         if pad_k.input[0] not in weights or pad_v.input[0] not in weights:
             continue
         emb_k = numpy_helper.to_array(weights[pad_k.input[0]])  # [H|1, 2w + 1, Dk]
-        emb_v = numpy_helper.to_array(weights[pad_v.input[0]])
+        emb_v = numpy_helper.to_array(weights[pad_v.input[0]])  # read as it is by the band's MatMul
         if emb_k.ndim != 3 or emb_k.shape != emb_v.shape or emb_k.shape[1] % 2 != 1:
             continue
-        plans.append((layer, logits.input[0], pad_weights.input[0], add_keys, add_values, emb_k, emb_v))
+        plans.append(
+            (layer, logits.input[0], pad_weights.input[0], add_keys, add_values, emb_k, pad_v.input[0])
+        )
     if not plans:
         return encoder
 
@@ -271,15 +273,14 @@ def banded_attention(encoder: Any) -> Any:
         ints("band/1,-1", [1, -1]),
     )
     before: dict[str, list[Any]] = {}  # node name -> the new nodes that go just before it
-    for layer, queries, attention, add_keys, add_values, emb_k, emb_v in plans:
+    for layer, queries, attention, add_keys, add_values, emb_k, values_weight in plans:
         p = f"band/{layer}/"
         band, w = emb_k.shape[1], emb_k.shape[1] // 2
         graph.initializer.append(
             numpy_helper.from_array(np.ascontiguousarray(emb_k.transpose(0, 2, 1)), p + "emb_k_t")
         )
-        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(emb_v), p + "emb_v"))
         sizes = (ints(p + "band", [band]), ints(p + "w", [w]), ints(p + "2w", [band - 1]))
-        keys, values = _band_nodes(p, queries, attention, shared, *sizes)
+        keys, values = _band_nodes(p, queries, attention, values_weight, shared, *sizes)
         add_keys.input[1] = p + "k_logits"
         add_values.input[1] = p + "v_relative"
         before[add_keys.name] = keys
@@ -294,9 +295,7 @@ def banded_attention(encoder: Any) -> Any:
             live.update(n.input)
     del graph.node[:]
     graph.node.extend(reversed(kept))
-    unused = [i for i in graph.initializer if i.name not in live]
-    for i in unused:
-        graph.initializer.remove(i)
+    _drop_unread_weights(graph)
     return encoder
 
 
@@ -312,11 +311,12 @@ class _BandConstants:
 
 
 def _band_nodes(
-    p: str, queries: str, attention: str, c: _BandConstants, band: str, w: str, two_w: str
+    p: str, queries: str, attention: str, emb_v: str, c: _BandConstants, band: str, w: str, two_w: str
 ) -> tuple[list[Any], list[Any]]:
     """One layer's new nodes (names prefixed ``p``): those before the scores' Add, ending in
     ``p + "k_logits"`` [1, H, T, T], and those before the output's Add, ending in ``p + "v_relative"``
-    [1, H, T, Dk]. ``band``, ``w``, ``two_w``: the names of 2w + 1, w and 2w."""
+    [1, H, T, Dk]. ``emb_v``: the value embeddings' initializer [H|1, 2w + 1, Dk]; ``band``, ``w``,
+    ``two_w``: the names of 2w + 1, w and 2w."""
     from onnx import helper
 
     def node(op: str, inputs: list[str], out: str, **attrs: Any) -> Any:
@@ -347,7 +347,7 @@ def _band_nodes(
         node("Concat", [c.batch_heads, p + "T", p + "T+2w+1"], "v_shape", axis=0),
         node("Reshape", [p + "v_longer", p + "v_shape"], "v_skewed"),  # [1, H, T, T + 2w + 1], i left
         node("Slice", [p + "v_skewed", c.zero, band, c.three], "v_band"),  # [1, H, T, 2w + 1]
-        node("MatMul", [p + "v_band", p + "emb_v"], "v_relative"),  # [1, H, T, Dk]
+        node("MatMul", [p + "v_band", emb_v], "v_relative"),  # [1, H, T, Dk]
     ]
     return keys, values
 
@@ -523,11 +523,16 @@ def polyphase_upsampling(decoder: Any) -> Any:
     del graph.node[:]
     graph.node.extend(nodes)
     # The transposed convolutions' own weights, read by nothing now (onnxruntime warns of each at load).
+    _drop_unread_weights(graph)
+    return decoder
+
+
+def _drop_unread_weights(graph: Any) -> None:
+    """The graph without the initializers no node reads."""
     read = {i for n in graph.node for i in n.input}
     kept = [i for i in graph.initializer if i.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept)
-    return decoder
 
 
 def _plain_upsampling(node: Any, weights: dict[str, Any]) -> tuple[int, int, int] | None:

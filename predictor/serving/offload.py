@@ -5,7 +5,8 @@ What is small runs inline: a hop to the worker and back costs more than the work
 right after an engine call: a 26-character answer's WAV encode, 0.06-0.2 ms of work, took 0.64 ms of
 the request sent there and back, 0.39 ms inline. One worker, not a pool: Python code on several
 threads would take turns at the GIL with the event loop, and the loop would wait behind all of them;
-behind one, it waits at most a switch interval (5 ms). Large requests queue behind each other there, which bounds them, not small ones.
+behind one, it waits at most a switch interval (5 ms). Large requests queue behind each other there,
+which bounds them, not small ones.
 """
 
 from __future__ import annotations
