@@ -76,24 +76,14 @@ class OnnxEngine(PiperEngine):
             self._providers: list = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
         else:
             self._providers = ["CPUExecutionProvider"]
-        self._options = onnxruntime.SessionOptions()
-        if device == "cpu":
-            # Measured on this voice: graph optimizations change CPU run time by < 2 % (the graph is
-            # convolution-bound) but cost ~1 s of session creation, which holds the GIL through cold start.
-            self._options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-        self._options.intra_op_num_threads = threads
-        # One request at a time runs through the graph; parallelism lives inside each operator.
-        self._options.inter_op_num_threads = 1
-        if device == "cpu":
-            # Spinning within a run, stopped when it returns: the voice runs as three sessions (prior, flow,
-            # decoder), each with its own intra-op pool, and a pool left spinning after its run held the
-            # CPUs the next one needed (and the event loop's): the engine alone on 2 CPUs took 135-148 ms
-            # for 26 characters against 89-92 ms with no spinning at all. Stopping it at the end of each
-            # run keeps that away, and spinning between a run's operators saves each one's wake-up: 26 / 99
-            # characters and three sentences 67.5-67.8 / 263-278 / 413-417 ms without spinning, 61.7-62.5 /
-            # 249-259 / 388-396 ms so (docs/benchmarks.md, "The upsampling as convolutions").
-            self._options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-            self._options.add_session_config_entry("session.force_spinning_stop", "1")
+        self._options = _session_options(device, threads, layout=False)
+        # The decoder's 2-D convolutions (exported_graph.planar_convolutions) in onnxruntime's blocked
+        # layout: the head always, the tail on one thread (a lane's copy or a worker's, where it runs
+        # once lanes exist), since on two its 32- and 64-channel convolutions split badly between the
+        # threads: a 64-frame chunk 19.7 -> 26.3 ms, against 34.5 -> 29.2 on one (docs/benchmarks.md,
+        # "The decoder's convolutions in 2-D").
+        self._head_options = _session_options(device, threads, layout=True)
+        self._tail_options = _session_options(device, threads, layout=threads == 1)
         self._prior: onnxruntime.InferenceSession | None = None
         self._flow: onnxruntime.InferenceSession | None = None
         self._decoder: onnxruntime.InferenceSession | None = None  # the head, or a whole decoder.onnx
@@ -124,9 +114,12 @@ class OnnxEngine(PiperEngine):
                 from predictor.engine.convert import infer_config
 
                 config = infer_config(model_dir / "model.onnx")
+            options = [self._options, self._options, self._head_options, self._tail_options]
+            if len(parts) == 3:  # a whole decoder.onnx, published before planar_convolutions
+                options[2] = self._options
             sessions = [
-                onnxruntime.InferenceSession(part, sess_options=self._options, providers=self._providers)
-                for part in parts
+                onnxruntime.InferenceSession(part, sess_options=o, providers=self._providers)
+                for part, o in zip(parts, options, strict=False)
             ]
         except Exception as exc:  # onnxruntime and onnx raise their own untyped errors
             raise EngineError(f"cannot load the onnx voice from {model_dir}: {exc}") from exc
@@ -370,6 +363,35 @@ class OnnxEngine(PiperEngine):
             return ()
         audio[i] = np.empty(out.shape[-1] * self._tail_hop, dtype=np.float32)
         return self._tail_tasks(out, audio[i])
+
+
+def _session_options(device: str, threads: int, layout: bool) -> onnxruntime.SessionOptions:
+    """A session's options: ``threads`` intra-op threads, one run at a time; on CPU no graph
+    optimization unless ``layout``, which turns them all on for onnxruntime's blocked-channel layout."""
+    options = onnxruntime.SessionOptions()
+    if device == "cpu":
+        # Measured on this voice: graph optimizations change CPU run time by < 2 % (the graph is
+        # convolution-bound) but cost ~1 s of session creation, which holds the GIL through cold start.
+        # The decoder's parts are the exception (planar_convolutions), at 5-7 ms of creation each.
+        options.graph_optimization_level = (
+            onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+            if layout
+            else onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+        )
+    options.intra_op_num_threads = threads
+    # One request at a time runs through the graph; parallelism lives inside each operator.
+    options.inter_op_num_threads = 1
+    if device == "cpu":
+        # Spinning within a run, stopped when it returns: the voice runs as several sessions (prior,
+        # flow, decoder), each with its own intra-op pool, and a pool left spinning after its run held
+        # the CPUs the next one needed (and the event loop's): the engine alone on 2 CPUs took 135-148
+        # ms for 26 characters against 89-92 ms with no spinning at all. Stopping it at the end of each
+        # run keeps that away, and spinning between a run's operators saves each one's wake-up: 26 / 99
+        # characters and three sentences 67.5-67.8 / 263-278 / 413-417 ms without spinning, 61.7-62.5 /
+        # 249-259 / 388-396 ms so (docs/benchmarks.md, "The upsampling as convolutions").
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+    return options
 
 
 def _tail_task(

@@ -15,7 +15,9 @@ CPU image can apply them to an artifact published before they existed):
   * ``banded_attention``: the text encoder's relative-position terms computed over the window of
     offsets that has embeddings, not over every pair of phonemes (the same sums without the zeros);
   * ``polyphase_upsampling``: the decoder's transposed convolutions as ordinary ones, one output
-    channel per phase, interleaved (the same sums in another order, in about half the time).
+    channel per phase, interleaved (the same sums in another order, in about half the time);
+  * ``planar_convolutions``: the decoder's 1-D convolutions as 2-D ones over a height of one, which
+    onnxruntime's layout optimization runs in its channel-blocked layout (engine/exported.py).
 
 Publish applies all of them (engine/convert.write_onnx_split); engine/exported.py applies what an
 older artifact lacks, in memory, at load, where it has to load onnx anyway: an artifact that already
@@ -202,9 +204,9 @@ def prepare_encoder(encoder: Any) -> Any:
 def prepare_decoder(decoder: Any) -> tuple[Any, Any]:
     """The generator (cut_at_generator's decoder, nothing rewritten) as the onnx engine runs it: cut
     after its first upsampling stage (cut_decoder), each part's upsamplings as convolutions
-    (polyphase_upsampling)."""
+    (polyphase_upsampling), and its convolutions 2-D (planar_convolutions)."""
     head, tail = cut_decoder(decoder)
-    return polyphase_upsampling(head), polyphase_upsampling(tail)
+    return planar_convolutions(polyphase_upsampling(head)), planar_convolutions(polyphase_upsampling(tail))
 
 
 _ATTENTION_SCOPE = "/enc_p/encoder/attn_layers."  # the export names each layer's nodes after its module
@@ -525,6 +527,67 @@ def polyphase_upsampling(decoder: Any) -> Any:
     # The transposed convolutions' own weights, read by nothing now (onnxruntime warns of each at load).
     _drop_unread_weights(graph)
     return decoder
+
+
+def planar_convolutions(model: Any) -> Any:
+    """The model with each 1-D Conv of constant weights run as a 2-D one over a height of one: its
+    input unsqueezed to [N, C, 1, L], its weights to [Cout, Cin, 1, K], its output squeezed back.
+
+    onnxruntime runs a 1-D convolution as im2col and a GEMM whatever the optimization level; a 2-D one,
+    at ORT_ENABLE_ALL on CPU, in channel blocks of the vector width (its NCHWc layout) with direct
+    kernels, the reorders between layouts placed once around each run of such convolutions and the
+    Unsqueeze/Squeeze pairs between them removed. One thread, this decoder: the tail 0.85x, the head
+    0.91x (docs/benchmarks.md, "The decoder's convolutions in 2-D"). The same products summed in
+    another order (the audio within 1e-5). At lower levels the 2-D nodes run as the 1-D ones did.
+    Idempotent: a 2-D Conv is left as it is."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    weights = {i.name: i for i in graph.initializer}
+    axis = f"{_PLANAR_SCOPE}axis"
+    if axis not in weights:
+        graph.initializer.append(numpy_helper.from_array(np.array([2], dtype=np.int64), axis))
+    planar: set[str] = set()  # weights already [Cout, Cin, 1, K]
+    nodes: list[Any] = []
+    for node in graph.node:
+        weight = weights.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        if (
+            weight is None
+            or (len(weight.dims) != 3 and weight.name not in planar)
+            or _attrs(node).get("auto_pad", b"NOTSET") != b"NOTSET"
+        ):
+            nodes.append(node)
+            continue
+        if weight.name not in planar:
+            w = numpy_helper.to_array(weight)
+            weight.CopyFrom(numpy_helper.from_array(w[:, :, None, :], weight.name))
+            planar.add(weight.name)
+        attrs = _attrs(node)
+        (k,) = attrs.get("kernel_shape", weight.dims[-1:])
+        (left, right) = attrs.get("pads", [0, 0])
+        del node.attribute[:]
+        node.attribute.extend(
+            [
+                helper.make_attribute("kernel_shape", [1, k]),
+                helper.make_attribute("pads", [0, left, 0, right]),
+                helper.make_attribute("strides", [1, *attrs.get("strides", [1])]),
+                helper.make_attribute("dilations", [1, *attrs.get("dilations", [1])]),
+                helper.make_attribute("group", attrs.get("group", 1)),
+            ]
+        )
+        x, y = node.input[0], node.output[0]
+        node.input[0], node.output[0] = f"{_PLANAR_SCOPE}{node.name}/in", f"{_PLANAR_SCOPE}{node.name}/out"
+        nodes += [
+            helper.make_node("Unsqueeze", [x, axis], [node.input[0]], name=f"{_PLANAR_SCOPE}{node.name}/Up"),
+            node,  # [N, Cin, 1, L] -> [N, Cout, 1, L']
+            helper.make_node("Squeeze", [node.output[0], axis], [y], name=f"{_PLANAR_SCOPE}{node.name}/Down"),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+_PLANAR_SCOPE = "/planar/"
 
 
 def _drop_unread_weights(graph: Any) -> None:
