@@ -494,6 +494,15 @@ def mirrored(start_predictor, s3_server, tmp_path_factory):
                 assert r.status_code == 200, r.text
                 sent.append(headers.get("X-Request-Id"))
                 answered.append(r.headers["x-request-id"])
+                # The next request once the canaries beside the stable have answered this one: sent when
+                # the stable alone had, it queued behind their earlier ones on these shared CPUs, and the
+                # queue counted in their latency (an identical canary's p50 1,629 ms against the stable's
+                # 724 in one run). The slow one's requests arrive SLOW_S later whatever the pace.
+                for name in ("same", "slower-speech"):
+                    p = predictors[name]
+                    p.wait_for(
+                        lambda p=p, n=i + 1: synth_requests(p) >= n, 60, "the mirrored request answered", 0.02
+                    )
             # Mirrored requests finish after the client's answers; wait for each canary to have all of them.
             for name in CANARIES:
                 p = predictors[name]
