@@ -529,6 +529,9 @@ def polyphase_upsampling(decoder: Any) -> Any:
     return decoder
 
 
+_PLANAR_SCOPE = "/planar/"  # the names of what planar_convolutions adds
+
+
 def planar_convolutions(model: Any) -> Any:
     """The model with each 1-D Conv of constant weights run as a 2-D one over a height of one: its
     input unsqueezed to [N, C, 1, L], its weights to [Cout, Cin, 1, K], its output squeezed back.
@@ -545,7 +548,10 @@ def planar_convolutions(model: Any) -> Any:
     graph = model.graph
     weights = {i.name: i for i in graph.initializer}
     axis = f"{_PLANAR_SCOPE}axis"
-    if axis not in weights:
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    # Unsqueeze and Squeeze read their axes from an input since opset 13, from an attribute before.
+    axes: dict[str, Any] = {} if opset >= 13 else {"axes": [2]}
+    if opset >= 13 and axis not in weights:
         graph.initializer.append(numpy_helper.from_array(np.array([2], dtype=np.int64), axis))
     planar: set[str] = set()  # weights already [Cout, Cin, 1, K]
     nodes: list[Any] = []
@@ -575,19 +581,19 @@ def planar_convolutions(model: Any) -> Any:
                 helper.make_attribute("group", attrs.get("group", 1)),
             ]
         )
-        x, y = node.input[0], node.output[0]
-        node.input[0], node.output[0] = f"{_PLANAR_SCOPE}{node.name}/in", f"{_PLANAR_SCOPE}{node.name}/out"
+        x, y = node.input[0], node.output[0]  # named after y: an output's name is unique, a node's may be ""
+        node.input[0], node.output[0] = f"{_PLANAR_SCOPE}{y}/in", f"{_PLANAR_SCOPE}{y}/out"
+        read = [axis] if not axes else []
         nodes += [
-            helper.make_node("Unsqueeze", [x, axis], [node.input[0]], name=f"{_PLANAR_SCOPE}{node.name}/Up"),
+            helper.make_node("Unsqueeze", [x, *read], [node.input[0]], name=f"{_PLANAR_SCOPE}{y}/Up", **axes),
             node,  # [N, Cin, 1, L] -> [N, Cout, 1, L']
-            helper.make_node("Squeeze", [node.output[0], axis], [y], name=f"{_PLANAR_SCOPE}{node.name}/Down"),
+            helper.make_node(
+                "Squeeze", [node.output[0], *read], [y], name=f"{_PLANAR_SCOPE}{y}/Down", **axes
+            ),
         ]
     del graph.node[:]
     graph.node.extend(nodes)
     return model
-
-
-_PLANAR_SCOPE = "/planar/"
 
 
 def _drop_unread_weights(graph: Any) -> None:

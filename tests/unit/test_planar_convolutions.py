@@ -18,10 +18,10 @@ from predictor.engine.exported_graph import planar_convolutions
 C = 16
 
 
-def _chain(seed: int) -> onnx.ModelProto:
+def _chain(seed: int, opset: int = 17) -> onnx.ModelProto:
     """x [1, C, T] through convolutions of the shapes HiFi-GAN's residual blocks use (dilated, padded to
-    keep the length), a strided one, a grouped one, one without bias or kernel_shape, and one sharing
-    another's weights, with the activations and residual sums between them."""
+    keep the length), a strided one, a grouped one, one without bias or kernel_shape, one sharing
+    another's weights, two without a name, with the activations and residual sums between them."""
     rng = np.random.default_rng(seed)
 
     def weights(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
@@ -51,9 +51,14 @@ def _chain(seed: int) -> onnx.ModelProto:
         helper.make_node(
             "Conv", ["c3", "wg"], ["c4"], name="grouped", kernel_shape=[3], pads=[1, 1], group=4
         ),
-        helper.make_node("Conv", ["c4", "w3", "b3"], ["c5"], name="k3_again", kernel_shape=[3], pads=[1, 1]),
+        helper.make_node("Conv", ["c4", "w3", "b3"], ["c5"], kernel_shape=[3], pads=[1, 1]),  # shares k3's
         helper.make_node(
-            "Conv", ["c5", "ws"], ["y"], name="strided", kernel_shape=[4], strides=[2], pads=[1, 1]
+            "Conv",
+            ["c5", "ws"],
+            ["y"],
+            kernel_shape=[4],
+            strides=[2],
+            pads=[1, 1],  # strided
         ),
     ]
     graph = helper.make_graph(
@@ -63,7 +68,7 @@ def _chain(seed: int) -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, "S"])],
         initializers,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _session(
@@ -86,12 +91,13 @@ def _session(
     ids=["unoptimized", "all"],
 )
 @pytest.mark.parametrize("frames", [2, 7, 64, 301])
-def test_the_convolutions_in_2d_give_the_1d_ones_output(level, frames):
+@pytest.mark.parametrize("opset", [11, 17], ids=["axes-attribute", "axes-input"])
+def test_the_convolutions_in_2d_give_the_1d_ones_output(level, frames, opset):
     x = np.random.default_rng(frames).standard_normal((1, C, frames)).astype(np.float32)
-    expected = _session(_chain(seed=3), onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL).run(
+    expected = _session(_chain(seed=3, opset=opset), onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL).run(
         None, {"x": x}
     )[0]
-    planar = planar_convolutions(_chain(seed=3))
+    planar = planar_convolutions(_chain(seed=3, opset=opset))
 
     convs = [n for n in planar.graph.node if n.op_type == "Conv"]
     assert len(convs) == 6
