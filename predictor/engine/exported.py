@@ -77,13 +77,7 @@ class OnnxEngine(PiperEngine):
         else:
             self._providers = ["CPUExecutionProvider"]
         self._options = _session_options(device, threads, layout=False)
-        # The decoder's 2-D convolutions (exported_graph.planar_convolutions) in onnxruntime's blocked
-        # layout: the head always, the tail on one thread (a lane's copy or a worker's, where it runs
-        # once lanes exist), since on two its 32- and 64-channel convolutions split badly between the
-        # threads: a 64-frame chunk 19.7 -> 26.3 ms, against 34.5 -> 29.2 on one (docs/benchmarks.md,
-        # "The decoder's convolutions in 2-D").
-        self._head_options = _session_options(device, threads, layout=True)
-        self._tail_options = _session_options(device, threads, layout=threads == 1)
+        self._layout_options = _session_options(device, threads, layout=True)
         self._prior: onnxruntime.InferenceSession | None = None
         self._flow: onnxruntime.InferenceSession | None = None
         self._decoder: onnxruntime.InferenceSession | None = None  # the head, or a whole decoder.onnx
@@ -114,9 +108,14 @@ class OnnxEngine(PiperEngine):
                 from predictor.engine.convert import infer_config
 
                 config = infer_config(model_dir / "model.onnx")
-            options = [self._options, self._options, self._head_options, self._tail_options]
-            if len(parts) == 3:  # a whole decoder.onnx, published before planar_convolutions
-                options[2] = self._options
+            # The decoder's 2-D convolutions (exported_graph.planar_convolutions) in onnxruntime's blocked
+            # layout: the head always, the tail on one thread (a lane's copy or a worker's, where it runs
+            # once lanes exist), since on two its 32- and 64-channel convolutions split badly between the
+            # threads: a 64-frame chunk 19.7 -> 26.3 ms, against 34.5 -> 29.2 on one (docs/benchmarks.md,
+            # "The decoder's convolutions in 2-D"). A whole decoder.onnx (three parts) predates them.
+            plain, layout = self._options, self._layout_options
+            head = layout if len(parts) == 4 else plain
+            options = [plain, plain, head, layout if self._threads == 1 else plain]
             sessions = [
                 onnxruntime.InferenceSession(part, sess_options=o, providers=self._providers)
                 for part, o in zip(parts, options, strict=False)

@@ -557,10 +557,11 @@ def planar_convolutions(model: Any) -> Any:
     nodes: list[Any] = []
     for node in graph.node:
         weight = weights.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        attrs = _attrs(node) if weight is not None else {}
         if (
             weight is None
             or (len(weight.dims) != 3 and weight.name not in planar)
-            or _attrs(node).get("auto_pad", b"NOTSET") != b"NOTSET"
+            or attrs.get("auto_pad", b"NOTSET") != b"NOTSET"
         ):
             nodes.append(node)
             continue
@@ -568,7 +569,6 @@ def planar_convolutions(model: Any) -> Any:
             w = numpy_helper.to_array(weight)
             weight.CopyFrom(numpy_helper.from_array(w[:, :, None, :], weight.name))
             planar.add(weight.name)
-        attrs = _attrs(node)
         (k,) = attrs.get("kernel_shape", weight.dims[-1:])
         (left, right) = attrs.get("pads", [0, 0])
         del node.attribute[:]

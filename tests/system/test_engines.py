@@ -378,11 +378,8 @@ def test_the_published_decoder_gives_the_voices_own_decoders_audio(voice_dir):
     for level in (GraphOptimizationLevel.ORT_ENABLE_ALL, GraphOptimizationLevel.ORT_DISABLE_ALL):
         upsampled = run(head, {LATENT_NAME: latent}, level)
         got = run(tail, {UPSAMPLED_NAME: upsampled}, level)
-        assert upsampled.shape == (
-            1,
-            128,
-            90 * 8,
-        )  # upsample_initial_channel / 2 at upsample_rates[0] per frame
+        # upsample_initial_channel / 2 at upsample_rates[0] per frame
+        assert upsampled.shape == (1, 128, 90 * 8)
         assert got.shape == expected.shape == (1, 1, 1, 90 * 256)
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
 
