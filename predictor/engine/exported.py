@@ -7,7 +7,9 @@ the first upsampling stage) and decoder_tail.onnx (the rest: -> audio). A whole 
 one after the other, every node once, as the whole graph would, but on CPU the tail over chunks of
 TAIL_CHUNK_FRAMES (below); a streamed one runs the flow in two pieces and the decoder over frame
 windows (engine/windows.py), so its first audio waits for the prior and only the first window's
-share of the flow and decoder. An artifact without the parts (published before they existed) is
+share of the flow and decoder: a window's head over its frames and decoder_head_context more, its
+tail over its own positions and the tail's context. A stream of several sentences on an engine with
+lanes runs what follows its first window on them, as a whole answer runs (_on_lanes). An artifact without the parts (published before they existed) is
 split in memory at load; one with prior, flow and a whole decoder.onnx is run as it is.
 
 Piper's export takes a padded batch but returns the padded tail as noise, and does not expose
@@ -17,7 +19,10 @@ per-item durations, so items are run one sentence at a time; the native torch en
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from functools import partial
 from pathlib import Path
 
@@ -45,6 +50,9 @@ from predictor.engine.voice_files import (
 )
 from predictor.engine.words import Sentence
 from predictor.errors import EngineError
+
+# How a stream's task on lanes hands in audio: (chunk index, the piece's chunks, samples).
+Emit = Callable[[int, int, np.ndarray], None]
 
 # Noise values fed per phoneme at first (engine/noise.py): the prior's channels times this many frames
 # per phoneme at length_scale 1. Sentences of this voice average 3-6 frames a phoneme; one that needs
@@ -94,6 +102,8 @@ class OnnxEngine(PiperEngine):
         self._tail_context = 0  # positions of the tail's input on each side of a chunk
         self._tail_chunk = 0  # positions of the tail's input per chunk (TAIL_CHUNK_FRAMES)
         self._tail_hop = 1  # samples per position of the tail's input
+        self._upsample = 1  # positions of the tail's input per latent frame (upsample_rates[0])
+        self._head_context = 0  # frames on each side of a stream's window that its head run reads
         self._hop = 1
         self._channels = 0
         phonemes.prepare()
@@ -127,6 +137,8 @@ class OnnxEngine(PiperEngine):
         self._context = windows.decoder_context_frames(config)
         self._flow_context = windows.flow_context_frames(config)
         self._tail_context = windows.decoder_tail_context(config)
+        self._head_context = windows.decoder_head_context(config)
+        self._upsample = config.upsample_rates[0]
         self._tail_chunk = TAIL_CHUNK_FRAMES * config.upsample_rates[0]
         self._tail_hop = config.hop_length // config.upsample_rates[0]
         self._hop = config.hop_length
@@ -234,21 +246,157 @@ class OnnxEngine(PiperEngine):
         sentences = list(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map))
         if not sentences:
             yield np.zeros(0, dtype=np.float32), True
-        for k, ids in enumerate(sentences):
+        # Several sentences and lanes: the first window on every thread (the first audio waits for
+        # nothing else), then the rest on the lanes side by side, as a whole answer runs (_on_lanes).
+        # A lone sentence streams window by window on every thread: on lanes its flow and decoder
+        # heads would leave a lane idle (docs/benchmarks.md, "A stream's sentences on lanes").
+        pipelined = self._lanes is not None and len(sentences) > 1
+        for k, ids in enumerate(sentences[:1] if pipelined else sentences):
             prior, _, _ = self._encode(ids, scales, speaker, _seed(params, 0, k))
             n_frames = prior.shape[-1]
-            plan = windows.plan(n_frames, sizes.first_of(k), sizes.frames, self._context)
+            # A window's head runs over its frames and _head_context more, its tail only over its own
+            # positions and the tail's context (_decode_window); a whole decoder.onnx over the
+            # generator's whole receptive field.
+            context = self._context if self._tail is None else self._head_context
+            plan = windows.plan(n_frames, sizes.first_of(k), sizes.frames, context)
             pieces = iter(windows.flow_plan(n_frames, plan[0].context_end, self._flow_context))
             latent = np.empty_like(prior)  # [1, inter, F], filled piece by piece
             flowed = 0  # frames of latent computed so far
-            for n, w in enumerate(plan):
+            for n, w in enumerate(plan[:1] if pipelined else plan):
                 while flowed < w.context_end:
-                    piece = next(pieces)
-                    window = prior[:, :, piece.context_start : piece.context_end]
-                    latent[:, :, piece.start : piece.end] = self._run_flow(window)[:, :, piece.keep(1)]
-                    flowed = piece.end
-                audio = self._decode(latent[:, :, w.context_start : w.context_end])
-                yield audio[w.keep(self._hop)], k == len(sentences) - 1 and n == len(plan) - 1
+                    flowed = self._flow_piece(prior, latent, next(pieces))
+                yield self._decode_window(latent, w), k == len(sentences) - 1 and n == len(plan) - 1
+        if pipelined:
+            assert self._lanes is not None
+            copy = self._lanes[1]
+            rest = (
+                [partial(copy._streamed_rest_task, prior, latent, list(pieces), plan[1:])] if plan[1:] else []
+            )
+            later = [
+                partial(copy._streamed_sentence_task, _seed(params, 0, k), ids, scales, speaker)
+                for k, ids in enumerate(sentences[1:], start=1)
+            ]
+            yield from self._on_lanes(rest + later)
+
+    def _flow_piece(self, prior: np.ndarray, latent: np.ndarray, piece: windows.Window) -> int:
+        """The flow over ``piece`` of the prior's sample, its own frames written into ``latent``; the
+        frame after them."""
+        window = prior[:, :, piece.context_start : piece.context_end]
+        latent[:, :, piece.start : piece.end] = self._run_flow(window)[:, :, piece.keep(1)]
+        return piece.end
+
+    def _on_lanes(
+        self, starts: Sequence[Callable[[Emit], Sequence[Task]]]
+    ) -> Iterator[tuple[np.ndarray, bool]]:
+        """A stream's pieces after its first window, each (a window of its first sentence, or a whole
+        later sentence) a task started on the lanes in reading order (engine/lanes.py) with a function
+        to hand in its tail chunks' audio; each chunk's audio is yielded as soon as it and all before
+        it are done. Stopped early (the caller stops iterating), no task starts after that and the
+        running ones finish before this returns."""
+        assert self._lanes is not None
+        # (piece, chunk, the piece's chunks, audio) as each chunk is done; None once the run has ended.
+        made: queue.SimpleQueue[tuple[int, int, int, np.ndarray] | None] = queue.SimpleQueue()
+        stopped = threading.Event()
+
+        def emit(i: int, j: int, chunks: int, audio: np.ndarray) -> None:
+            made.put((i, j, chunks, _clipped(audio)))
+
+        tasks = [
+            partial(_unless_stopped, stopped, partial(start, partial(emit, i)))
+            for i, start in enumerate(starts)
+        ]
+        run = self._lanes[0].start(tasks, reading_order=True)
+        run.add_done_callback(lambda _: made.put(None))
+        try:
+            chunks: dict[int, int] = {}  # chunks of each piece whose first chunk was handed in
+            ready: dict[tuple[int, int], np.ndarray] = {}
+            for i in range(len(starts)):
+                j = 0
+                while i not in chunks or j < chunks[i]:
+                    while (i, j) not in ready:
+                        item = made.get()
+                        if item is None:
+                            run.result()  # a task's error; without one every chunk was handed in
+                            raise EngineError("a streamed piece's audio went missing")
+                        chunks[item[0]] = item[2]
+                        ready[item[0], item[1]] = item[3]
+                    yield ready.pop((i, j)), i == len(starts) - 1 and j == chunks[i] - 1
+                    j += 1
+        finally:
+            stopped.set()  # a caller that stopped reading: no task starts after this one
+            futures.wait([run])  # the lanes and the copy are free again when this returns
+
+    def _streamed_rest_task(
+        self,
+        prior: np.ndarray,
+        latent: np.ndarray,
+        pieces: Sequence[windows.Window],
+        rest: Sequence[windows.Window],
+        emit: Emit,
+    ) -> Sequence[Task]:
+        """The first sentence's windows after its first, on lanes, run on this (one-thread) copy: the
+        rest of its flow here, each window's head as a task that follows (their tail chunks after it)."""
+        for piece in pieces:
+            self._flow_piece(prior, latent, piece)
+        counts = [self._chunks(w) for w in rest]
+        firsts = itertools.accumulate(counts, initial=0)
+        return [
+            partial(self._streamed_window_task, latent, w, first, sum(counts), emit)
+            for w, first in zip(rest, firsts, strict=False)
+        ]
+
+    def _chunks(self, w: windows.Window) -> int:
+        """How many pieces _streamed_window_task hands in for window w."""
+        if self._tail is None:
+            return 1
+        return len(self._tail_bounds(0, (w.end - w.start) * self._upsample)) - 1
+
+    def _streamed_window_task(
+        self, latent: np.ndarray, w: windows.Window, first: int, total: int, emit: Emit
+    ) -> Sequence[Task]:
+        """A stream's window w of the latent on lanes, run on this (one-thread) copy: the head here (as
+        _decode_window), the tail's chunks of the window's positions as the tasks that follow, handing
+        in pieces ``first``, ``first + 1``, ... of ``total``."""
+        assert self._decoder is not None
+        window = np.ascontiguousarray(latent[:, :, w.context_start : w.context_end])
+        out = self._decoder.run(None, {LATENT_NAME: window})[0]
+        if self._tail is None:  # a whole decoder.onnx: one piece
+            emit(first, total, out.reshape(-1)[w.keep(self._hop)])
+            return ()
+        offset = (w.start - w.context_start) * self._upsample
+        end = offset + (w.end - w.start) * self._upsample
+        return self._streamed_chunks(out, offset, end, emit, first, total)
+
+    def _streamed_sentence_task(
+        self, seed: int, ids: list[int], scales: np.ndarray, speaker: int | None, emit: Emit
+    ) -> Sequence[Task]:
+        """A stream's later sentence on lanes, run on this (one-thread) copy: text encoder, flow and
+        first decoder stage here, the tail's chunks as the tasks that follow."""
+        prior, mask, _ = self._encode(ids, scales, speaker, seed)
+        assert self._decoder is not None
+        out = self._decoder.run(None, {LATENT_NAME: self._run_flow(prior, mask)})[0]
+        if self._tail is None:  # a whole decoder.onnx: one piece
+            emit(0, 1, out)
+            return ()
+        return self._streamed_chunks(out, 0, out.shape[-1], emit)
+
+    def _streamed_chunks(
+        self,
+        upsampled: np.ndarray,
+        start: int,
+        end: int,
+        emit: Emit,
+        first: int = 0,
+        total: int | None = None,
+    ) -> list[Task]:
+        """The tail's chunks of the head's output positions [start, end) as lanes' tasks, each handing
+        its audio to ``emit`` as piece first + its index of ``total`` (None: of these chunks)."""
+        bounds = self._tail_bounds(start, end)
+        total = len(bounds) - 1 if total is None else total
+        return [
+            partial(_streamed_chunk_task, self, upsampled, a, b, partial(emit, first + j, total))
+            for j, (a, b) in enumerate(itertools.pairwise(bounds))
+        ]
 
     def _encode(
         self, ids: list[int], scales: np.ndarray, speaker: int | None, seed: int
@@ -296,51 +444,73 @@ class OnnxEngine(PiperEngine):
         # [1, 1, 1, S] from a whole decoder.onnx; [1, C, F * upsample_rates[0]] from the head
         return _clipped(out if self._tail is None else self._run_tail(out))
 
-    def _tail_bounds(self, n: int, parts: int = 1) -> list[int]:
-        """Where the tail's chunks of the head's n output positions start and end: chunks of equal size,
-        give or take one, about _tail_chunk each and a multiple of ``parts`` of them on CPU; one chunk
-        on a GPU."""
-        chunks = parts * max(1, round(n / (parts * self._tail_chunk))) if self._chunked else 1
-        return [n * k // chunks for k in range(chunks + 1)]
+    def _decode_window(self, latent: np.ndarray, w: windows.Window) -> np.ndarray:
+        """The samples of a stream's window w of the latent [1, inter, F], as the whole decode gives
+        them: the head over w's context frames, then the tail over w's own positions of its output
+        (with the tail's context, so the head's outputs within _head_context of the window's edges,
+        which differ from the whole run's, are never read); a whole decoder.onnx over w's context."""
+        assert self._decoder is not None
+        window = np.ascontiguousarray(latent[:, :, w.context_start : w.context_end])
+        out = self._decoder.run(None, {LATENT_NAME: window})[0]
+        if self._tail is None:
+            return _clipped(out)[w.keep(self._hop)]
+        offset = (w.start - w.context_start) * self._upsample  # the window's first position in `out`
+        return _clipped(self._run_tail(out, offset, offset + (w.end - w.start) * self._upsample))
 
-    def _run_tail(self, upsampled: np.ndarray) -> np.ndarray:
-        """The head's output [1, C, P] -> audio [P * tail_hop]: whole, or on CPU chunk after chunk
-        (_tail_piece), side by side where the engine has lanes."""
+    def _tail_bounds(self, start: int, end: int, parts: int = 1) -> list[int]:
+        """Where the tail's chunks of the head's output positions [start, end) start and end: chunks of
+        equal size, give or take one, about _tail_chunk each and a multiple of ``parts`` of them on CPU;
+        one chunk on a GPU."""
+        n = end - start
+        chunks = parts * max(1, round(n / (parts * self._tail_chunk))) if self._chunked else 1
+        return [start + n * k // chunks for k in range(chunks + 1)]
+
+    def _run_tail(self, upsampled: np.ndarray, start: int = 0, end: int | None = None) -> np.ndarray:
+        """The samples [start * tail_hop, end * tail_hop) of the tail over the head's output [1, C, P]
+        (end None: P): whole, or on CPU chunk after chunk (_tail_piece), side by side where the engine
+        has lanes."""
         assert self._tail is not None
         n = upsampled.shape[-1]
+        end = n if end is None else end
         lanes = self._lanes
         if lanes is not None:
-            audio = np.empty(n * self._tail_hop, dtype=np.float32)
+            audio = np.empty((end - start) * self._tail_hop, dtype=np.float32)
             # A lone sentence or a stream's window: its chunks side by side on the lanes' copy, as many
             # for each lane, since a lane left alone with the last chunk halves the CPUs at work
             # (docs/benchmarks.md, "A lone sentence's tail on lanes").
-            lanes[0].run(lanes[1]._tail_tasks(upsampled, audio, lanes[0].n))
+            lanes[0].run(lanes[1]._tail_tasks(upsampled, audio, lanes[0].n, start, end))
             return audio
-        bounds = self._tail_bounds(n)
-        if len(bounds) == 2:
+        bounds = self._tail_bounds(start, end)
+        if bounds == [0, n]:
             return self._tail.run(None, {UPSAMPLED_NAME: upsampled})[0]
-        audio = np.empty(n * self._tail_hop, dtype=np.float32)
-        for start, end in itertools.pairwise(bounds):
-            self._tail_piece(upsampled, start, end, audio)
+        audio = np.empty((end - start) * self._tail_hop, dtype=np.float32)
+        for a, b in itertools.pairwise(bounds):
+            self._tail_piece(upsampled, a, b, audio, start)
         return audio
 
-    def _tail_piece(self, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray) -> None:
-        """audio's samples of the head's output positions [start, end), run with _tail_context positions
-        more on either side (fewer at the ends, where the whole run sees the same zero padding) and only
-        its own samples kept, which are the whole run's (the tail reaches no further;
-        tests/system/test_engines.py)."""
+    def _tail_piece(
+        self, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray, origin: int = 0
+    ) -> None:
+        """audio's samples of the head's output positions [start, end) (audio begins at position
+        ``origin``), run with _tail_context positions more on either side (fewer at the ends, where the
+        whole run sees the same zero padding) and only its own samples kept, which are the whole run's
+        (the tail reaches no further; tests/system/test_engines.py)."""
         assert self._tail is not None
         n, hop, context = upsampled.shape[-1], self._tail_hop, self._tail_context
         lo, hi = max(0, start - context), min(n, end + context)
         window = np.ascontiguousarray(upsampled[:, :, lo:hi])
         piece = self._tail.run(None, {UPSAMPLED_NAME: window})[0].reshape(-1)
-        audio[start * hop : end * hop] = piece[(start - lo) * hop : (end - lo) * hop]
+        audio[(start - origin) * hop : (end - origin) * hop] = piece[(start - lo) * hop : (end - lo) * hop]
 
-    def _tail_tasks(self, upsampled: np.ndarray, audio: np.ndarray, parts: int = 1) -> list[Task]:
-        """The tail's chunks of ``upsampled`` (a multiple of ``parts`` of them) as lanes' tasks, each
-        writing its samples into ``audio``."""
-        bounds = self._tail_bounds(upsampled.shape[-1], parts)
-        return [partial(_tail_task, self, upsampled, a, b, audio) for a, b in itertools.pairwise(bounds)]
+    def _tail_tasks(
+        self, upsampled: np.ndarray, audio: np.ndarray, parts: int = 1, start: int = 0, end: int | None = None
+    ) -> list[Task]:
+        """The tail's chunks of ``upsampled``'s positions [start, end) (a multiple of ``parts`` of them)
+        as lanes' tasks, each writing its samples into ``audio`` (which begins at ``start``)."""
+        bounds = self._tail_bounds(start, upsampled.shape[-1] if end is None else end, parts)
+        return [
+            partial(_tail_task, self, upsampled, a, b, audio, start) for a, b in itertools.pairwise(bounds)
+        ]
 
     def _sentence_task(
         self,
@@ -394,10 +564,30 @@ def _session_options(device: str, threads: int, layout: bool) -> onnxruntime.Ses
 
 
 def _tail_task(
-    engine: OnnxEngine, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray
+    engine: OnnxEngine, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray, origin: int
 ) -> Sequence[Task]:
-    engine._tail_piece(upsampled, start, end, audio)
+    engine._tail_piece(upsampled, start, end, audio, origin)
     return ()
+
+
+def _unless_stopped(stopped: threading.Event, task: Task) -> Sequence[Task]:
+    """``task``, and after it those it returns, each only while ``stopped`` is not set."""
+    if stopped.is_set():
+        raise _Stopped
+    return [partial(_unless_stopped, stopped, follower) for follower in task()]
+
+
+def _streamed_chunk_task(
+    engine: OnnxEngine, upsampled: np.ndarray, start: int, end: int, emit: Callable[[np.ndarray], None]
+) -> Sequence[Task]:
+    audio = np.empty((end - start) * engine._tail_hop, dtype=np.float32)
+    engine._tail_piece(upsampled, start, end, audio, start)
+    emit(audio)
+    return ()
+
+
+class _Stopped(Exception):
+    """Raised in a stream's lane task once its caller stopped reading: no further task starts."""
 
 
 def _clipped(audio: np.ndarray) -> np.ndarray:

@@ -31,6 +31,18 @@ def decoder_context_frames(config: VitsConfig) -> int:
     return math.ceil(pre_post_radius + _generator_reach(config, 0)) + 1
 
 
+def decoder_head_context(config: VitsConfig) -> int:
+    """Latent frames on each side that the decoder head's output positions read by the tail for a
+    window's samples depend on (rounded up, one more): the window's own positions and
+    decoder_tail_context more on either side, each reaching back through the first upsampling stage
+    and conv_pre. A stream decodes a window so: the head over the window and this many frames more, the
+    tail over the window and its own context, a few frames of the cheap head twice instead of all of
+    decoder_context_frames through the whole generator."""
+    pre_radius = (GENERATOR_PRE_POST_KERNEL - 1) // 2
+    tail_reach = decoder_tail_context(config) / config.upsample_rates[0]
+    return math.ceil(pre_radius + _stage_reach(config, 0) + tail_reach) + 1
+
+
 def decoder_tail_context(config: VitsConfig) -> int:
     """Positions of the decoder tail's input (the first upsampling stage's output, upsample_rates[0]
     per frame) on each side that an output sample of the tail can depend on (rounded up, one more):
@@ -43,20 +55,25 @@ def _generator_reach(config: VitsConfig, first_stage: int) -> float:
     convolution, residual blocks, then the later stages and conv_post) reach, in positions of that
     stage's input."""
     reach = 0.0
-    rate = 1  # positions per input position at the current stage
-    stages = list(zip(config.upsample_rates, config.upsample_kernel_sizes, strict=True))
-    for u, k in stages[first_stage:]:
-        reach += math.ceil(k / u) / rate  # the transposed conv, in its input positions
-        rate *= u
-        widest = 0
-        for rk, dilations in zip(config.resblock_kernel_sizes, config.resblock_dilation_sizes, strict=True):
-            radius = (rk - 1) // 2
-            chain = sum(radius * d for d in dilations)
-            if config.resblock == "1":
-                chain += radius * len(dilations)  # each dilated conv is followed by an undilated one
-            widest = max(widest, chain)
-        reach += widest / rate
+    rate = 1  # positions per input position of stage first_stage
+    for stage in range(first_stage, len(config.upsample_rates)):
+        reach += _stage_reach(config, stage) / rate
+        rate *= config.upsample_rates[stage]
     return reach + (GENERATOR_PRE_POST_KERNEL - 1) // 2 / rate  # conv_post, at the sample rate
+
+
+def _stage_reach(config: VitsConfig, stage: int) -> float:
+    """How far upsampling stage ``stage`` (its transposed convolution, then the widest chain of its
+    residual blocks at the new rate) reaches, in positions of its input."""
+    u, k = config.upsample_rates[stage], config.upsample_kernel_sizes[stage]
+    widest = 0
+    for rk, dilations in zip(config.resblock_kernel_sizes, config.resblock_dilation_sizes, strict=True):
+        radius = (rk - 1) // 2
+        chain = sum(radius * d for d in dilations)
+        if config.resblock == "1":
+            chain += radius * len(dilations)  # each dilated conv is followed by an undilated one
+        widest = max(widest, chain)
+    return math.ceil(k / u) + widest / u
 
 
 def flow_context_frames(config: VitsConfig) -> int:

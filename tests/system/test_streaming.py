@@ -137,6 +137,37 @@ def test_a_flow_context_shorter_than_its_receptive_field_breaks_the_join(onnx_en
     assert np.abs(joined(context // 2) - whole).max() > 1e-4
 
 
+def test_an_onnx_streams_window_runs_the_tail_only_over_its_own_positions_and_the_tails_context(
+    onnx_engine, monkeypatch
+):
+    read: list[int] = []
+    tail_piece = onnx_engine._tail_piece
+
+    def recording(upsampled, start, end, audio, origin=0):
+        read.append(min(upsampled.shape[-1], end + context) - max(0, start - context))
+        tail_piece(upsampled, start, end, audio, origin)
+
+    context, u = onnx_engine._tail_context, onnx_engine._upsample
+    monkeypatch.setattr(onnx_engine, "_tail_piece", recording)
+    stream = onnx_engine.stream(LONG_SENTENCE, SynthesisParams(seed=1), StreamWindows(24, 192))
+
+    next(stream)
+    # The first window's 24 frames and the tail's context on its right, where the head ran over the
+    # window and 13 frames more (decoder_head_context): 203 positions, not (24 + 13) x 8 = 296.
+    assert read == [24 * u + context]
+    stream.close()
+
+
+def test_a_head_context_shorter_than_its_reach_breaks_the_join(onnx_engine, monkeypatch):
+    seeded = SynthesisParams(seed=4)
+    whole = onnx_engine.synthesize([LONG_SENTENCE], seeded)[0]
+    assert np.abs(_joined(onnx_engine, LONG_SENTENCE, seeded, 24, 40)[0] - whole).max() <= 1e-4
+
+    monkeypatch.setattr(onnx_engine, "_head_context", onnx_engine._head_context - 4)
+
+    assert np.abs(_joined(onnx_engine, LONG_SENTENCE, seeded, 24, 40)[0] - whole).max() > 1e-4
+
+
 def test_an_onnx_stream_runs_the_flow_only_over_its_first_windows_frames_before_the_first_audio(
     onnx_engine, monkeypatch
 ):
@@ -151,7 +182,7 @@ def test_an_onnx_stream_runs_the_flow_only_over_its_first_windows_frames_before_
     before_first_audio = list(ran)
     list(stream)
 
-    assert before_first_audio == [24 + onnx_engine._context + onnx_engine._flow_context]
+    assert before_first_audio == [24 + onnx_engine._head_context + onnx_engine._flow_context]
     assert len(ran) == 2 and ran[1] == sum(ran) - ran[0]  # the rest in one run, after the first audio
 
 
@@ -262,6 +293,10 @@ def test_receptive_field_follows_the_voice_config(voice_dir):
     # (k=7, dilations 3 and 12: 45 samples) 45/8, ups.2 (k=8, u=4) 2/8, its chain 45/32, conv_post 3/32.
     assert windows.decoder_tail_context(config) == math.ceil(2 + 45 / 8 + 2 / 8 + 45 / 32 + 3 / 32) + 1 == 11
     assert windows.decoder_tail_context(wider) > windows.decoder_tail_context(config)
+    # The head's reach for the tail's window: conv_pre 3, ups.0 (k=16, u=8) 2, its widest chain 45/8,
+    # and the tail's own context (11 positions) at 8 per frame.
+    assert windows.decoder_head_context(config) == math.ceil(3 + 2 + 45 / 8 + 11 / 8) + 1 == 13
+    assert windows.decoder_head_context(wider) > windows.decoder_head_context(config)
     assert windows.flow_context_frames(config) == 4 * (2 + 2 + 2 + 2) + 1  # 4 couplings, 4 k=5 convs each
     deeper = VitsConfig.from_dict({**config.to_dict(), "flow_dilation_rate": 2})
     assert windows.flow_context_frames(deeper) == 4 * (2 + 4 + 8 + 16) + 1
