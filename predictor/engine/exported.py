@@ -8,9 +8,9 @@ one after the other, every node once, as the whole graph would, but on CPU the t
 TAIL_CHUNK_FRAMES (below); a streamed one runs the flow in two pieces and the decoder over frame
 windows (engine/windows.py), so its first audio waits for the prior and only the first window's
 share of the flow and decoder: a window's head over its frames and decoder_head_context more, its
-tail over its own positions and the tail's context. A stream of several sentences on an engine with
-lanes runs what follows its first window on them, as a whole answer runs (_on_lanes). An artifact without the parts (published before they existed) is
-split in memory at load; one with prior, flow and a whole decoder.onnx is run as it is.
+tail over its own positions and the tail's context. An artifact without the parts (published before
+they existed) is split in memory at load; one with prior, flow and a whole decoder.onnx is run as it
+is.
 
 Piper's export takes a padded batch but returns the padded tail as noise, and does not expose
 per-item durations, so items are run one sentence at a time; the native torch engine batches.
@@ -19,10 +19,7 @@ per-item durations, so items are run one sentence at a time; the native torch en
 from __future__ import annotations
 
 import itertools
-import queue
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -50,9 +47,6 @@ from predictor.engine.voice_files import (
 )
 from predictor.engine.words import Sentence
 from predictor.errors import EngineError
-
-# How a stream's task on lanes hands in audio: (chunk index, the piece's chunks, samples).
-Emit = Callable[[int, int, np.ndarray], None]
 
 # Noise values fed per phoneme at first (engine/noise.py): the prior's channels times this many frames
 # per phoneme at length_scale 1. Sentences of this voice average 3-6 frames a phoneme; one that needs
@@ -246,12 +240,7 @@ class OnnxEngine(PiperEngine):
         sentences = list(phonemes.sentence_ids(text, voice.espeak_voice, voice.phoneme_id_map))
         if not sentences:
             yield np.zeros(0, dtype=np.float32), True
-        # Several sentences and lanes: the first window on every thread (the first audio waits for
-        # nothing else), then the rest on the lanes side by side, as a whole answer runs (_on_lanes).
-        # A lone sentence streams window by window on every thread: on lanes its flow and decoder
-        # heads would leave a lane idle (docs/benchmarks.md, "A stream's sentences on lanes").
-        pipelined = self._lanes is not None and len(sentences) > 1
-        for k, ids in enumerate(sentences[:1] if pipelined else sentences):
+        for k, ids in enumerate(sentences):
             prior, _, _ = self._encode(ids, scales, speaker, _seed(params, 0, k))
             n_frames = prior.shape[-1]
             # A window's head runs over its frames and _head_context more, its tail only over its own
@@ -262,141 +251,13 @@ class OnnxEngine(PiperEngine):
             pieces = iter(windows.flow_plan(n_frames, plan[0].context_end, self._flow_context))
             latent = np.empty_like(prior)  # [1, inter, F], filled piece by piece
             flowed = 0  # frames of latent computed so far
-            for n, w in enumerate(plan[:1] if pipelined else plan):
+            for n, w in enumerate(plan):
                 while flowed < w.context_end:
-                    flowed = self._flow_piece(prior, latent, next(pieces))
+                    piece = next(pieces)
+                    window = prior[:, :, piece.context_start : piece.context_end]
+                    latent[:, :, piece.start : piece.end] = self._run_flow(window)[:, :, piece.keep(1)]
+                    flowed = piece.end
                 yield self._decode_window(latent, w), k == len(sentences) - 1 and n == len(plan) - 1
-        if pipelined:
-            assert self._lanes is not None
-            copy = self._lanes[1]
-            rest = (
-                [partial(copy._streamed_rest_task, prior, latent, list(pieces), plan[1:])] if plan[1:] else []
-            )
-            later = [
-                partial(copy._streamed_sentence_task, _seed(params, 0, k), ids, scales, speaker)
-                for k, ids in enumerate(sentences[1:], start=1)
-            ]
-            yield from self._on_lanes(rest + later)
-
-    def _flow_piece(self, prior: np.ndarray, latent: np.ndarray, piece: windows.Window) -> int:
-        """The flow over ``piece`` of the prior's sample, its own frames written into ``latent``; the
-        frame after them."""
-        window = prior[:, :, piece.context_start : piece.context_end]
-        latent[:, :, piece.start : piece.end] = self._run_flow(window)[:, :, piece.keep(1)]
-        return piece.end
-
-    def _on_lanes(
-        self, starts: Sequence[Callable[[Emit], Sequence[Task]]]
-    ) -> Iterator[tuple[np.ndarray, bool]]:
-        """A stream's pieces after its first window, each (a window of its first sentence, or a whole
-        later sentence) a task started on the lanes in reading order (engine/lanes.py) with a function
-        to hand in its tail chunks' audio; each chunk's audio is yielded as soon as it and all before
-        it are done. Stopped early (the caller stops iterating), no task starts after that and the
-        running ones finish before this returns."""
-        assert self._lanes is not None
-        # (piece, chunk, the piece's chunks, audio) as each chunk is done; None once the run has ended.
-        made: queue.SimpleQueue[tuple[int, int, int, np.ndarray] | None] = queue.SimpleQueue()
-        stopped = threading.Event()
-
-        def emit(i: int, j: int, chunks: int, audio: np.ndarray) -> None:
-            made.put((i, j, chunks, _clipped(audio)))
-
-        tasks = [
-            partial(_unless_stopped, stopped, partial(start, partial(emit, i)))
-            for i, start in enumerate(starts)
-        ]
-        run = self._lanes[0].start(tasks, reading_order=True)
-        run.add_done_callback(lambda _: made.put(None))
-        try:
-            chunks: dict[int, int] = {}  # chunks of each piece whose first chunk was handed in
-            ready: dict[tuple[int, int], np.ndarray] = {}
-            for i in range(len(starts)):
-                j = 0
-                while i not in chunks or j < chunks[i]:
-                    while (i, j) not in ready:
-                        item = made.get()
-                        if item is None:
-                            run.result()  # a task's error; without one every chunk was handed in
-                            raise EngineError("a streamed piece's audio went missing")
-                        chunks[item[0]] = item[2]
-                        ready[item[0], item[1]] = item[3]
-                    yield ready.pop((i, j)), i == len(starts) - 1 and j == chunks[i] - 1
-                    j += 1
-        finally:
-            stopped.set()  # a caller that stopped reading: no task starts after this one
-            futures.wait([run])  # the lanes and the copy are free again when this returns
-
-    def _streamed_rest_task(
-        self,
-        prior: np.ndarray,
-        latent: np.ndarray,
-        pieces: Sequence[windows.Window],
-        rest: Sequence[windows.Window],
-        emit: Emit,
-    ) -> Sequence[Task]:
-        """The first sentence's windows after its first, on lanes, run on this (one-thread) copy: the
-        rest of its flow here, each window's head as a task that follows (their tail chunks after it)."""
-        for piece in pieces:
-            self._flow_piece(prior, latent, piece)
-        counts = [self._chunks(w) for w in rest]
-        firsts = itertools.accumulate(counts, initial=0)
-        return [
-            partial(self._streamed_window_task, latent, w, first, sum(counts), emit)
-            for w, first in zip(rest, firsts, strict=False)
-        ]
-
-    def _chunks(self, w: windows.Window) -> int:
-        """How many pieces _streamed_window_task hands in for window w."""
-        if self._tail is None:
-            return 1
-        return len(self._tail_bounds(0, (w.end - w.start) * self._upsample)) - 1
-
-    def _streamed_window_task(
-        self, latent: np.ndarray, w: windows.Window, first: int, total: int, emit: Emit
-    ) -> Sequence[Task]:
-        """A stream's window w of the latent on lanes, run on this (one-thread) copy: the head here (as
-        _decode_window), the tail's chunks of the window's positions as the tasks that follow, handing
-        in pieces ``first``, ``first + 1``, ... of ``total``."""
-        assert self._decoder is not None
-        window = np.ascontiguousarray(latent[:, :, w.context_start : w.context_end])
-        out = self._decoder.run(None, {LATENT_NAME: window})[0]
-        if self._tail is None:  # a whole decoder.onnx: one piece
-            emit(first, total, out.reshape(-1)[w.keep(self._hop)])
-            return ()
-        offset = (w.start - w.context_start) * self._upsample
-        end = offset + (w.end - w.start) * self._upsample
-        return self._streamed_chunks(out, offset, end, emit, first, total)
-
-    def _streamed_sentence_task(
-        self, seed: int, ids: list[int], scales: np.ndarray, speaker: int | None, emit: Emit
-    ) -> Sequence[Task]:
-        """A stream's later sentence on lanes, run on this (one-thread) copy: text encoder, flow and
-        first decoder stage here, the tail's chunks as the tasks that follow."""
-        prior, mask, _ = self._encode(ids, scales, speaker, seed)
-        assert self._decoder is not None
-        out = self._decoder.run(None, {LATENT_NAME: self._run_flow(prior, mask)})[0]
-        if self._tail is None:  # a whole decoder.onnx: one piece
-            emit(0, 1, out)
-            return ()
-        return self._streamed_chunks(out, 0, out.shape[-1], emit)
-
-    def _streamed_chunks(
-        self,
-        upsampled: np.ndarray,
-        start: int,
-        end: int,
-        emit: Emit,
-        first: int = 0,
-        total: int | None = None,
-    ) -> list[Task]:
-        """The tail's chunks of the head's output positions [start, end) as lanes' tasks, each handing
-        its audio to ``emit`` as piece first + its index of ``total`` (None: of these chunks)."""
-        bounds = self._tail_bounds(start, end)
-        total = len(bounds) - 1 if total is None else total
-        return [
-            partial(_streamed_chunk_task, self, upsampled, a, b, partial(emit, first + j, total))
-            for j, (a, b) in enumerate(itertools.pairwise(bounds))
-        ]
 
     def _encode(
         self, ids: list[int], scales: np.ndarray, speaker: int | None, seed: int
@@ -568,26 +429,6 @@ def _tail_task(
 ) -> Sequence[Task]:
     engine._tail_piece(upsampled, start, end, audio, origin)
     return ()
-
-
-def _unless_stopped(stopped: threading.Event, task: Task) -> Sequence[Task]:
-    """``task``, and after it those it returns, each only while ``stopped`` is not set."""
-    if stopped.is_set():
-        raise _Stopped
-    return [partial(_unless_stopped, stopped, follower) for follower in task()]
-
-
-def _streamed_chunk_task(
-    engine: OnnxEngine, upsampled: np.ndarray, start: int, end: int, emit: Callable[[np.ndarray], None]
-) -> Sequence[Task]:
-    audio = np.empty((end - start) * engine._tail_hop, dtype=np.float32)
-    engine._tail_piece(upsampled, start, end, audio, start)
-    emit(audio)
-    return ()
-
-
-class _Stopped(Exception):
-    """Raised in a stream's lane task once its caller stopped reading: no further task starts."""
 
 
 def _clipped(audio: np.ndarray) -> np.ndarray:

@@ -558,8 +558,8 @@ def test_a_failing_sentence_fails_the_call_on_lanes_and_the_next_call_runs(laned
     assert len(engine.synthesize(["One. Two. Three."], SynthesisParams(seed=1))[0]) > 0
 
 
-# A stream of several sentences: a long first one (its windows after the first on the lanes too), a
-# short first one, and short ones only.
+# Streams of several sentences on an engine with lanes, each window's tail spread over them: a long
+# first sentence, a short one, and short ones only.
 STREAMED = [
     LONG + " It answers. Then it sleeps again until the next morning comes around.",
     "Hi. " + LONG,
@@ -568,7 +568,7 @@ STREAMED = [
 
 
 @pytest.mark.parametrize(("first", "size"), [(24, 192), (3, 40), (24, 10_000), (192, 192)])
-def test_a_stream_on_lanes_joins_into_the_whole_answer_piece_by_piece_in_order(laned, first, size):
+def test_a_stream_on_lanes_joins_into_the_whole_answer(laned, first, size):
     engine, _ = laned
     for n, text in enumerate(STREAMED):
         seeded = SynthesisParams(seed=60 + n)
@@ -577,87 +577,6 @@ def test_a_stream_on_lanes_joins_into_the_whole_answer_piece_by_piece_in_order(l
         whole = engine.synthesize([text], seeded)[0]
         joined = np.concatenate([audio for audio, _ in pieces])
         assert joined.shape == whole.shape, text
-        # The first window's text encoder and flow ran on two threads, the whole answer's on one.
+        # A stream's text encoders and flows ran on two threads, the whole answer's on one (lanes).
         np.testing.assert_allclose(joined, whole, rtol=0, atol=1e-4, err_msg=text)
         assert [last for _, last in pieces] == [False] * (len(pieces) - 1) + [True]
-
-
-def test_a_streams_sentences_after_the_first_run_on_the_lanes_at_the_same_time(laned, monkeypatch):
-    import threading
-    import time
-
-    engine, copy = laned
-    spans: list[tuple[int, float, float]] = []
-    encode = copy._encode
-
-    def timed(*args):
-        start = time.perf_counter()
-        try:
-            return encode(*args)
-        finally:
-            spans.append((threading.get_ident(), start, time.perf_counter()))
-
-    monkeypatch.setattr(copy, "_encode", timed)
-    list(engine.stream("One sentence. " + LONG + " " + LONG, SynthesisParams(seed=2), StreamWindows(24, 192)))
-
-    # The two later sentences' text encoders, one on each lane, side by side.
-    assert len(spans) == 2 and spans[0][0] != spans[1][0]
-    (_, s1, e1), (_, s2, e2) = spans
-    assert s1 < e2 and s2 < e1, spans
-
-
-def test_a_stream_on_lanes_stopped_early_starts_nothing_more_and_returns_once_its_tasks_are_done(
-    laned, monkeypatch
-):
-    import threading
-    import time
-
-    engine, copy = laned
-    lock = threading.Lock()
-    running, ran = [0], [0]
-    tail_piece = copy._tail_piece
-
-    def counted(*args):
-        with lock:
-            running[0] += 1
-            ran[0] += 1
-        try:
-            time.sleep(0.01)  # a task still running when the stream is closed
-            tail_piece(*args)
-        finally:
-            with lock:
-                running[0] -= 1
-
-    monkeypatch.setattr(copy, "_tail_piece", counted)
-    stream = engine.stream(STREAMED[1] + " " + LONG, SynthesisParams(seed=3), StreamWindows(24, 192))
-    next(stream)
-    next(stream)  # the first piece made on the lanes
-    stream.close()
-
-    assert running[0] == 0  # close returned after the running tasks
-    after_close = ran[0]
-    time.sleep(0.3)
-    assert ran[0] == after_close  # and none started after it
-    monkeypatch.setattr(copy, "_tail_piece", tail_piece)
-    assert sum(
-        len(a) for a, _ in engine.stream("Then the next.", SynthesisParams(seed=3), StreamWindows(24, 192))
-    )
-
-
-def test_a_failing_later_sentence_fails_the_stream_on_lanes_and_the_next_stream_runs(laned, monkeypatch):
-    engine, copy = laned
-    encode = copy._encode
-
-    def fails(*args):
-        raise EngineError("a later sentence's encoder failed")
-
-    monkeypatch.setattr(copy, "_encode", fails)
-    stream = engine.stream("One. Two. Three.", SynthesisParams(seed=1), StreamWindows(24, 192))
-    assert len(next(stream)[0]) > 0  # the first sentence's first window: on the engine, not the copy
-    with pytest.raises(EngineError, match="later sentence"):
-        list(stream)
-    monkeypatch.setattr(copy, "_encode", encode)
-
-    assert sum(
-        len(a) for a, _ in engine.stream("One. Two. Three.", SynthesisParams(seed=1), StreamWindows(24, 192))
-    )

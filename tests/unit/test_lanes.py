@@ -1,5 +1,4 @@
-"""engine/lanes.py: a call's tasks over several threads, starts first or in reading order, errors raised to
-the caller."""
+"""engine/lanes.py: a call's tasks over several threads, starts first, errors raised to the caller."""
 
 from __future__ import annotations
 
@@ -57,79 +56,6 @@ def test_a_free_lane_takes_the_next_start_before_an_earlier_starts_follow_ups():
 
     assert order.index("c") < order.index("a's follow-up")
     assert sorted(order) == sorted(["a", "b", "c", "a's follow-up"])
-
-
-def test_in_reading_order_an_earlier_follow_up_goes_before_the_next_start_while_another_start_runs():
-    order: list[str] = []
-    follow_up_done = threading.Event()
-    lock = threading.Lock()
-
-    def record(name):
-        with lock:
-            order.append(name)
-
-    def follow_up():
-        record("a's follow-up")
-        follow_up_done.set()
-        return ()
-
-    def a():
-        record("a")
-        return (follow_up,)
-
-    def b():
-        record("b")
-        follow_up_done.wait(WAIT_S)  # a start still running when a's follow-up waits beside c
-        return ()
-
-    def c():
-        record("c")
-        return ()
-
-    Lanes(2).run([a, b, c], reading_order=True)
-
-    assert order.index("a's follow-up") < order.index("c")
-    assert sorted(order) == sorted(["a", "b", "c", "a's follow-up"])
-
-
-def test_in_reading_order_a_free_lane_readies_the_next_start_when_no_other_start_runs():
-    order: list[str] = []
-    lock = threading.Lock()
-    first_follow_up_started, c_started = threading.Event(), threading.Event()
-
-    def record(name):
-        with lock:
-            order.append(name)
-
-    def follow_up(n):
-        def run():
-            record(f"a's follow-up {n}")
-            if n == 0:
-                first_follow_up_started.set()
-                assert c_started.wait(WAIT_S)  # holds its lane until the other has started c
-            return ()
-
-        return run
-
-    def a():
-        record("a")
-        return (follow_up(0), follow_up(1))
-
-    def b():
-        record("b")
-        assert first_follow_up_started.wait(WAIT_S)
-        return ()
-
-    def c():
-        record("c")
-        c_started.set()
-        return ()
-
-    # Once b is done no start runs: the free lane starts c (the next sentence) although a's second
-    # follow-up comes before it in reading order.
-    Lanes(2).run([a, b, c], reading_order=True)
-
-    assert order.index("c") < order.index("a's follow-up 1")
 
 
 def test_follow_ups_run_after_the_task_that_made_them_and_their_own_follow_ups_too():
