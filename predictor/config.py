@@ -314,7 +314,8 @@ class Settings(BaseSettings):
     )
 
     # --- streaming: the decoder runs over latent-frame windows (hop_length samples per frame, 11.6 ms
-    # for a 22,050 Hz voice with hop 256); each window also decodes the receptive field on both sides.
+    # for a 22,050 Hz voice with hop 256); each window's decoder also reads its receptive field on both
+    # sides (onnx: its first stage 13 frames, the rest 1.4).
     stream_first_window_frames: int = Field(
         24,
         ge=1,
@@ -331,8 +332,9 @@ class Settings(BaseSettings):
         le=10_000,
         description="Frames of the decoder window after the first (192 = 2.2 s), at least the first's; each later "
         "window is twice the one before, since it is decoded while all the audio before it plays. Larger "
-        "costs fewer context frames (twice the receptive field per window, ~26) but the second window must "
-        "be decoded while the first one plays. Default: 192 frames decode in ~70 ms on two CPU threads, "
+        "costs fewer context frames (twice the receptive field per window, ~26; onnx runs them through the "
+        "decoder's first stage only, ~3 through the rest) but the second window must be decoded while the "
+        "first one plays. Default: 192 frames decode in ~70 ms on two CPU threads, "
         "well within the first window's 0.28 s on one.",
     )
 
