@@ -307,9 +307,9 @@ class OnnxEngine(PiperEngine):
 
     def _decode_window(self, latent: np.ndarray, w: windows.Window) -> np.ndarray:
         """The samples of a stream's window w of the latent [1, inter, F], as the whole decode gives
-        them: the head over w's context frames, then the tail over w's own positions of its output
-        (with the tail's context, so the head's outputs within _head_context of the window's edges,
-        which differ from the whole run's, are never read); a whole decoder.onnx over w's context."""
+        them: the head over w's context frames (_head_context on each side), then the tail over the
+        head's outputs at w's own positions and the tail's context, which that context makes the
+        whole run's; a whole decoder.onnx over w's context (the generator's receptive field)."""
         assert self._decoder is not None
         window = np.ascontiguousarray(latent[:, :, w.context_start : w.context_end])
         out = self._decoder.run(None, {LATENT_NAME: window})[0]

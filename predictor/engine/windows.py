@@ -32,12 +32,12 @@ def decoder_context_frames(config: VitsConfig) -> int:
 
 
 def decoder_head_context(config: VitsConfig) -> int:
-    """Latent frames on each side that the decoder head's output positions read by the tail for a
-    window's samples depend on (rounded up, one more): the window's own positions and
-    decoder_tail_context more on either side, each reaching back through the first upsampling stage
-    and conv_pre. A stream decodes a window so: the head over the window and this many frames more, the
-    tail over the window and its own context, a few frames of the cheap head twice instead of all of
-    decoder_context_frames through the whole generator."""
+    """Latent frames on each side of a window that its samples depend on through the decoder head
+    (rounded up, one more): the tail reads the head's outputs over the window and decoder_tail_context
+    positions more on either side, and each of those reaches back through the first upsampling stage
+    and conv_pre. A stream decodes a window so: the head over the window and this many frames more,
+    the tail over the window's positions and its own context; the context is then the cheap head's,
+    not a run of decoder_context_frames through the whole generator."""
     pre_radius = (GENERATOR_PRE_POST_KERNEL - 1) // 2
     tail_reach = decoder_tail_context(config) / config.upsample_rates[0]
     return math.ceil(pre_radius + _stage_reach(config, 0) + tail_reach) + 1
