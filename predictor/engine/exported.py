@@ -133,8 +133,8 @@ class OnnxEngine(PiperEngine):
         self._tail_context = windows.decoder_tail_context(config)
         self._head_context = windows.decoder_head_context(config)
         self._upsample = config.upsample_rates[0]
-        self._tail_chunk = TAIL_CHUNK_FRAMES * config.upsample_rates[0]
-        self._tail_hop = config.hop_length // config.upsample_rates[0]
+        self._tail_chunk = TAIL_CHUNK_FRAMES * self._upsample
+        self._tail_hop = config.hop_length // self._upsample
         self._hop = config.hop_length
         self._channels = config.inter_channels
 
@@ -299,11 +299,9 @@ class OnnxEngine(PiperEngine):
         return self._flow.run([LATENT_NAME], feeds)[0]
 
     def _decode(self, latent: np.ndarray) -> np.ndarray:
-        """Latent frames [1, inter, F] -> audio [F * hop] float32 in [-1, 1]."""
-        assert self._decoder is not None
-        out = self._decoder.run(None, {LATENT_NAME: np.ascontiguousarray(latent)})[0]
-        # [1, 1, 1, S] from a whole decoder.onnx; [1, C, F * upsample_rates[0]] from the head
-        return _clipped(out if self._tail is None else self._run_tail(out))
+        """Latent frames [1, inter, F] -> audio [F * hop] float32 in [-1, 1]: one window of them all."""
+        n = latent.shape[-1]
+        return self._decode_window(latent, windows.Window(0, n, 0, n))
 
     def _decode_window(self, latent: np.ndarray, w: windows.Window) -> np.ndarray:
         """The samples of a stream's window w of the latent [1, inter, F], as the whole decode gives
@@ -313,6 +311,7 @@ class OnnxEngine(PiperEngine):
         assert self._decoder is not None
         window = np.ascontiguousarray(latent[:, :, w.context_start : w.context_end])
         out = self._decoder.run(None, {LATENT_NAME: window})[0]
+        # [1, 1, 1, S] from a whole decoder.onnx; [1, C, frames * upsample_rates[0]] from the head
         if self._tail is None:
             return _clipped(out)[w.keep(self._hop)]
         offset = (w.start - w.context_start) * self._upsample  # the window's first position in `out`
@@ -350,7 +349,7 @@ class OnnxEngine(PiperEngine):
         return audio
 
     def _tail_piece(
-        self, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray, origin: int = 0
+        self, upsampled: np.ndarray, start: int, end: int, audio: np.ndarray, origin: int
     ) -> None:
         """audio's samples of the head's output positions [start, end) (audio begins at position
         ``origin``), run with _tail_context positions more on either side (fewer at the ends, where the

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from predictor.engine.vits_config import GENERATOR_PRE_POST_KERNEL, VitsConfig
 
+# How far conv_pre (at frame rate) and conv_post (at the sample rate) reach on each side.
+_PRE_POST_RADIUS = (GENERATOR_PRE_POST_KERNEL - 1) // 2
+
 
 def decoder_context_frames(config: VitsConfig) -> int:
     """Latent frames on each side that an output sample of the generator can depend on (rounded up).
@@ -27,8 +30,7 @@ def decoder_context_frames(config: VitsConfig) -> int:
     blocks at the new rate, then conv_post at the sample rate. Each reach is converted to frames at the
     rate it acts on and summed; one frame more covers the rounding of the transposed convolutions.
     """
-    pre_post_radius = (GENERATOR_PRE_POST_KERNEL - 1) // 2
-    return math.ceil(pre_post_radius + _generator_reach(config, 0)) + 1
+    return math.ceil(_PRE_POST_RADIUS + _generator_reach(config, 0)) + 1
 
 
 def decoder_head_context(config: VitsConfig) -> int:
@@ -38,9 +40,8 @@ def decoder_head_context(config: VitsConfig) -> int:
     and conv_pre. A stream decodes a window so: the head over the window and this many frames more,
     the tail over the window's positions and its own context; the context is then the cheap head's,
     not a run of decoder_context_frames through the whole generator."""
-    pre_radius = (GENERATOR_PRE_POST_KERNEL - 1) // 2
     tail_reach = decoder_tail_context(config) / config.upsample_rates[0]
-    return math.ceil(pre_radius + _stage_reach(config, 0) + tail_reach) + 1
+    return math.ceil(_PRE_POST_RADIUS + _stage_reach(config, 0) + tail_reach) + 1
 
 
 def decoder_tail_context(config: VitsConfig) -> int:
@@ -59,7 +60,7 @@ def _generator_reach(config: VitsConfig, first_stage: int) -> float:
     for stage in range(first_stage, len(config.upsample_rates)):
         reach += _stage_reach(config, stage) / rate
         rate *= config.upsample_rates[stage]
-    return reach + (GENERATOR_PRE_POST_KERNEL - 1) // 2 / rate  # conv_post, at the sample rate
+    return reach + _PRE_POST_RADIUS / rate  # conv_post, at the sample rate
 
 
 def _stage_reach(config: VitsConfig, stage: int) -> float:
