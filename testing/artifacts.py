@@ -11,7 +11,7 @@ def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> P
     """A copy of ``voice_dir`` as publish wrote it before the flow was cut off and before any rewrite:
     encoder.onnx (prior and flow in one part) drawing its noise inside (RandomNormalLike, no ``noise``
     input) and giving out no ``durations``, beside a decoder.onnx with its transposed convolutions; no
-    prior.onnx, flow.onnx or decoder head and tail. Piper's graph cut at the generator and nothing else
+    prior.onnx, flow files or decoder head and tail. Piper's graph cut at the generator and nothing else
     (``cut_at_generator``), so the test does not lean on the rewrites it tests."""
     import onnx
 
@@ -21,12 +21,14 @@ def as_published_before_noise_and_durations(voice_dir: Path, out_dir: Path) -> P
         DECODER_ONNX,
         DECODER_TAIL_ONNX,
         ENCODER_ONNX,
-        FLOW_ONNX,
         PRIOR_ONNX,
+        flow_stage_files,
+        read_config,
     )
 
     shutil.copytree(voice_dir, out_dir)
-    for part in (PRIOR_ONNX, FLOW_ONNX, DECODER_HEAD_ONNX, DECODER_TAIL_ONNX):
+    flow = flow_stage_files(read_config(out_dir).flow_n_flows)
+    for part in (PRIOR_ONNX, *flow, DECODER_HEAD_ONNX, DECODER_TAIL_ONNX):
         (out_dir / part).unlink()
     encoder, decoder = cut_at_generator(out_dir / "model.onnx")
     onnx.save(encoder, str(out_dir / ENCODER_ONNX))
@@ -52,7 +54,7 @@ def prior_before_banded_attention(model_onnx: Path) -> Any:
 
 
 def as_published_before_the_decoder_cut(voice_dir: Path, out_dir: Path) -> Path:
-    """A copy of ``voice_dir`` as publish wrote it before cut_decoder: prior.onnx and flow.onnx beside
+    """A copy of ``voice_dir`` as publish wrote it before cut_decoder: prior.onnx and the flow beside
     one decoder.onnx, the whole generator with its upsamplings as convolutions (polyphase_upsampling)."""
     import onnx
 
@@ -63,4 +65,19 @@ def as_published_before_the_decoder_cut(voice_dir: Path, out_dir: Path) -> Path:
     for part in (DECODER_HEAD_ONNX, DECODER_TAIL_ONNX):
         (out_dir / part).unlink()
     onnx.save(polyphase_upsampling(untouched_decoder(out_dir / "model.onnx")), str(out_dir / DECODER_ONNX))
+    return out_dir
+
+
+def as_published_before_the_coupling_cut(voice_dir: Path, out_dir: Path) -> Path:
+    """A copy of ``voice_dir`` as publish wrote it before split_couplings: the flow in one flow.onnx
+    (split_flow's second part) instead of one file per coupling layer."""
+    import onnx
+
+    from predictor.engine.exported_graph import split_flow, split_onnx
+    from predictor.engine.voice_files import FLOW_ONNX, flow_stage_files, read_config
+
+    shutil.copytree(voice_dir, out_dir)
+    for part in flow_stage_files(read_config(out_dir).flow_n_flows):
+        (out_dir / part).unlink()
+    onnx.save(split_flow(split_onnx(out_dir / "model.onnx")[0])[1], str(out_dir / FLOW_ONNX))
     return out_dir

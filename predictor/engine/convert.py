@@ -29,15 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from predictor.engine.exported_graph import ConversionError, split_flow, split_onnx
+from predictor.engine.exported_graph import ConversionError, split_couplings, split_flow, split_onnx
 from predictor.engine.vits import Vits, VitsConfig
 from predictor.engine.voice_files import (
     CONFIG_FILE,
     DECODER_HEAD_ONNX,
     DECODER_TAIL_ONNX,
-    FLOW_ONNX,
     PRIOR_ONNX,
     WEIGHTS_FILE,
+    flow_stage_files,
 )
 
 _CONV_OPS = ("Conv", "ConvTranspose")
@@ -290,19 +290,19 @@ def write_safetensors(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
 
 
 def write_onnx_split(onnx_path: str | Path, out_dir: str | Path) -> list[Path]:
-    """Write prior.onnx, flow.onnx, decoder_head.onnx and decoder_tail.onnx (split_onnx, then
-    split_flow) into out_dir; returns the four paths."""
+    """Write prior.onnx, the flow's coupling layers (flow_0.onnx, ...), decoder_head.onnx and
+    decoder_tail.onnx (split_onnx, then split_flow and split_couplings) into out_dir; returns their
+    paths."""
     from predictor.storage.files import atomic_write_bytes
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     encoder, head, tail = split_onnx(onnx_path)
+    prior, flow = split_flow(encoder)
+    couplings = split_couplings(flow)
+    names = (PRIOR_ONNX, *flow_stage_files(len(couplings)), DECODER_HEAD_ONNX, DECODER_TAIL_ONNX)
     paths = []
-    for part, name in zip(
-        (*split_flow(encoder), head, tail),
-        (PRIOR_ONNX, FLOW_ONNX, DECODER_HEAD_ONNX, DECODER_TAIL_ONNX),
-        strict=True,
-    ):
+    for part, name in zip((prior, *couplings, head, tail), names, strict=True):
         path = out_dir / name
         atomic_write_bytes(path, part.SerializeToString())
         paths.append(path)

@@ -1,16 +1,17 @@
-"""Piper/VITS voices on onnxruntime: Piper's exported graph, in four parts.
+"""Piper/VITS voices on onnxruntime: Piper's exported graph, in parts.
 
-The artifact holds the graph split at publish (engine/exported_graph.split_onnx and split_flow; file
-names in engine/voice_files): prior.onnx (text encoder, durations, the prior's sample: phoneme ids ->
-z_p), flow.onnx (z_p -> latent frames), and the HiFi-GAN generator as decoder_head.onnx (conv_pre and
-the first upsampling stage) and decoder_tail.onnx (the rest: -> audio). A whole synthesis runs them
-one after the other, every node once, as the whole graph would, but on CPU the tail over chunks of
-TAIL_CHUNK_FRAMES (below); a streamed one runs the flow in two pieces and the decoder over frame
-windows (engine/windows.py), so its first audio waits for the prior and only the first window's
-share of the flow and decoder: a window's head over its frames and decoder_head_context more, its
-tail over its own positions and the tail's context. An artifact without the parts (published before
-they existed) is split in memory at load; one with prior, flow and a whole decoder.onnx is run as it
-is.
+The artifact holds the graph split at publish (engine/exported_graph.split_onnx, split_flow and
+split_couplings; file names in engine/voice_files): prior.onnx (text encoder, durations, the prior's
+sample: phoneme ids -> z_p), the flow (z_p -> latent frames) as one file per coupling layer
+(flow_0.onnx, ...), and the HiFi-GAN generator as decoder_head.onnx (conv_pre and the first
+upsampling stage) and decoder_tail.onnx (the rest: -> audio). A whole synthesis runs them one after
+the other, every node once, as the whole graph would, but on CPU the tail over chunks of
+TAIL_CHUNK_FRAMES (below); a streamed one runs the flow in two pieces, each coupling layer over its
+part and its own context (windows.flow_runs), and the decoder over frame windows (engine/windows.py),
+so its first audio waits for the prior and only the first window's share of the flow and decoder: a
+window's head over its frames and decoder_head_context more, its tail over its own positions and the
+tail's context. An artifact without the parts (published before they existed) is split in memory at
+load; one with prior.onnx, the flow in one flow.onnx or a whole decoder.onnx is run as it is.
 
 Piper's export takes a padded batch but returns the padded tail as noise, and does not expose
 per-item durations, so items are run one sentence at a time; the native torch engine batches.
@@ -22,6 +23,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime
@@ -43,6 +45,7 @@ from predictor.engine.voice_files import (
     PRIOR_NAME,
     PRIOR_ONNX,
     UPSAMPLED_NAME,
+    flow_stage_files,
     read_config,
 )
 from predictor.engine.words import Sentence
@@ -63,6 +66,15 @@ FRAMES_PER_PHONEME = 8
 TAIL_CHUNK_FRAMES = 64
 
 
+class _Parts(NamedTuple):
+    """What a voice's graph is loaded from: file paths, or the serialized parts made at load."""
+
+    prior: str | bytes
+    flows: list[str | bytes]  # run one after the other
+    coupled: bool  # flows are the coupling layers (else one flow.onnx, the whole flow)
+    decoder: list[str | bytes]  # head and tail, or one decoder.onnx
+
+
 class OnnxEngine(PiperEngine):
     name = "onnx"
     supports_seed = True
@@ -81,7 +93,7 @@ class OnnxEngine(PiperEngine):
         self._options = _session_options(device, threads, layout=False)
         self._layout_options = _session_options(device, threads, layout=True)
         self._prior: onnxruntime.InferenceSession | None = None
-        self._flow: onnxruntime.InferenceSession | None = None
+        self._flows: list[onnxruntime.InferenceSession] = []  # the coupling layers in order, or one flow.onnx
         self._decoder: onnxruntime.InferenceSession | None = None  # the head, or a whole decoder.onnx
         self._tail: onnxruntime.InferenceSession | None = None  # None: _decoder is the whole generator
         self._chunked = device == "cpu"
@@ -92,7 +104,7 @@ class OnnxEngine(PiperEngine):
         self._quiet_run = onnxruntime.RunOptions()
         self._quiet_run.log_severity_level = 4
         self._context = 0
-        self._flow_context = 0
+        self._flow_contexts: list[int] = []  # frames on each side that each of _flows reads
         self._tail_context = 0  # positions of the tail's input on each side of a chunk
         self._tail_chunk = 0  # positions of the tail's input per chunk (TAIL_CHUNK_FRAMES)
         self._tail_hop = 1  # samples per position of the tail's input
@@ -105,31 +117,44 @@ class OnnxEngine(PiperEngine):
     def load(self, model_dir: Path) -> None:
         self._read_voice(model_dir)
         try:
-            parts = self._parts(model_dir)
-            config = read_config(model_dir) if (model_dir / CONFIG_FILE).exists() else None
-            if config is None:
+            if (model_dir / CONFIG_FILE).exists():
+                config = read_config(model_dir)
+            else:
                 # Published before vits.json: reading the receptive fields off the graph needs torch.
                 from predictor.engine.convert import infer_config
 
                 config = infer_config(model_dir / "model.onnx")
+            parts = self._parts(model_dir, config.flow_n_flows)
             # The decoder's 2-D convolutions (exported_graph.planar_convolutions) in onnxruntime's blocked
             # layout: the head always, the tail on one thread (a lane's copy or a worker's, where it runs
             # once lanes exist), since on two its 32- and 64-channel convolutions split badly between the
             # threads: a 64-frame chunk 19.7 -> 26.3 ms, against 34.5 -> 29.2 on one (docs/benchmarks.md,
-            # "The decoder's convolutions in 2-D"). A whole decoder.onnx (three parts) predates them.
+            # "The decoder's convolutions in 2-D"). A whole decoder.onnx predates them.
             plain, layout = self._options, self._layout_options
-            head = layout if len(parts) == 4 else plain
-            options = [plain, plain, head, layout if self._threads == 1 else plain]
+            decoder_options = (
+                [layout, layout if self._threads == 1 else plain] if len(parts.decoder) == 2 else [plain]
+            )
             sessions = [
                 onnxruntime.InferenceSession(part, sess_options=o, providers=self._providers)
-                for part, o in zip(parts, options, strict=False)
+                for part, o in zip(
+                    [parts.prior, *parts.flows, *parts.decoder],
+                    [plain] * (1 + len(parts.flows)) + decoder_options,
+                    strict=True,
+                )
             ]
         except Exception as exc:  # onnxruntime and onnx raise their own untyped errors
             raise EngineError(f"cannot load the onnx voice from {model_dir}: {exc}") from exc
-        self._prior, self._flow, self._decoder = sessions[:3]
-        self._tail = sessions[3] if len(sessions) == 4 else None
+        self._prior, *self._flows = sessions[: 1 + len(parts.flows)]
+        decoder = sessions[1 + len(parts.flows) :]
+        self._decoder = decoder[0]
+        self._tail = decoder[1] if len(decoder) == 2 else None
         self._context = windows.decoder_context_frames(config)
-        self._flow_context = windows.flow_context_frames(config)
+        # One flow.onnx reads the whole flow's context around a piece; a coupling layer its own.
+        self._flow_contexts = (
+            [windows.coupling_context_frames(config)] * len(self._flows)
+            if parts.coupled
+            else [windows.flow_context_frames(config)]
+        )
         self._tail_context = windows.decoder_tail_context(config)
         self._head_context = windows.decoder_head_context(config)
         self._upsample = config.upsample_rates[0]
@@ -139,19 +164,30 @@ class OnnxEngine(PiperEngine):
         self._channels = config.inter_channels
 
     @staticmethod
-    def _parts(model_dir: Path) -> list[str | bytes]:
-        """prior, flow, decoder head and tail: their files, or what publish would have written, made in
-        memory from what an older artifact holds (onnx alone, no torch). An artifact whose decoder is
-        one decoder.onnx beside prior and flow gives those three, run as they are (no onnx import at
-        cold start)."""
-        names = (PRIOR_ONNX, FLOW_ONNX, DECODER_HEAD_ONNX, DECODER_TAIL_ONNX)
-        if all((model_dir / name).exists() for name in names):
-            return [str(model_dir / name) for name in names]
-        if all((model_dir / name).exists() for name in (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX)):
-            return [str(model_dir / name) for name in (PRIOR_ONNX, FLOW_ONNX, DECODER_ONNX)]
+    def _parts(model_dir: Path, couplings: int) -> _Parts:
+        """prior, flow and decoder: their files, or what publish would have written, made in memory
+        from what an older artifact holds (onnx alone, no torch). An artifact with prior.onnx, its
+        flow as coupling layers or one flow.onnx, and its decoder as head and tail or one
+        decoder.onnx gives those, run as they are (no onnx import at cold start)."""
+        stages = [model_dir / name for name in flow_stage_files(couplings)]
+        coupled = all(path.exists() for path in stages)
+        flows = stages if coupled else [model_dir / FLOW_ONNX]
+        decoder = [model_dir / DECODER_HEAD_ONNX, model_dir / DECODER_TAIL_ONNX]
+        if not all(path.exists() for path in decoder):
+            decoder = [model_dir / DECODER_ONNX]
+        if all(path.exists() for path in (model_dir / PRIOR_ONNX, *flows, *decoder)):
+            return _Parts(
+                str(model_dir / PRIOR_ONNX), [str(p) for p in flows], coupled, [str(p) for p in decoder]
+            )
         import onnx
 
-        from predictor.engine.exported_graph import prepare_decoder, prepare_encoder, split_flow, split_onnx
+        from predictor.engine.exported_graph import (
+            prepare_decoder,
+            prepare_encoder,
+            split_couplings,
+            split_flow,
+            split_onnx,
+        )
 
         if (model_dir / ENCODER_ONNX).exists() and (model_dir / DECODER_ONNX).exists():
             # Split before the flow was cut off, maybe before the noise input and durations output.
@@ -161,7 +197,12 @@ class OnnxEngine(PiperEngine):
             # Published before any split: publish's conversion of model.onnx.
             encoder, head, tail = split_onnx(model_dir / "model.onnx")
         prior, flow = split_flow(encoder)
-        return [part.SerializeToString() for part in (prior, flow, head, tail)]
+        return _Parts(
+            prior.SerializeToString(),
+            [part.SerializeToString() for part in split_couplings(flow)],
+            True,
+            [head.SerializeToString(), tail.SerializeToString()],
+        )
 
     @property
     def hop_length(self) -> int:
@@ -248,16 +289,19 @@ class OnnxEngine(PiperEngine):
             # generator's whole receptive field.
             context = self._context if self._tail is None else self._head_context
             plan = windows.plan(n_frames, sizes.first_of(k), sizes.frames, context)
-            pieces = iter(windows.flow_plan(n_frames, plan[0].context_end, self._flow_context))
-            latent = np.empty_like(prior)  # [1, inter, F], filled piece by piece
-            flowed = 0  # frames of latent computed so far
+            pieces = iter(windows.flow_runs(n_frames, plan[0].context_end, self._flow_contexts))
+            # The prior's sample, then each flow stage's output [1, inter, F], filled piece by piece.
+            stages = [prior, *(np.empty_like(prior) for _ in self._flows)]
+            flowed = 0  # frames of the latent (the last stage's output) computed so far
             for n, w in enumerate(plan):
                 while flowed < w.context_end:
                     piece = next(pieces)
-                    window = prior[:, :, piece.context_start : piece.context_end]
-                    latent[:, :, piece.start : piece.end] = self._run_flow(window)[:, :, piece.keep(1)]
-                    flowed = piece.end
-                yield self._decode_window(latent, w), k == len(sentences) - 1 and n == len(plan) - 1
+                    for i, run in piece:
+                        window = stages[i][:, :, run.context_start : run.context_end]
+                        flowed_stage = self._run_stage(i, window)
+                        stages[i + 1][:, :, run.start : run.end] = flowed_stage[:, :, run.keep(1)]
+                    flowed = piece[-1][1].end  # a piece ends with the last stage's run
+                yield self._decode_window(stages[-1], w), k == len(sentences) - 1 and n == len(plan) - 1
 
     def _encode(
         self, ids: list[int], scales: np.ndarray, speaker: int | None, seed: int
@@ -289,14 +333,19 @@ class OnnxEngine(PiperEngine):
                     raise
                 frames *= 4
 
-    def _run_flow(self, prior: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        """The prior's sample [1, inter, F] -> latent [1, inter, F]. A piece of one sentence is all
-        frames, so its mask is ones."""
-        assert self._flow is not None
+    def _run_flow(self, prior: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The prior's sample [1, inter, F] and its frame mask [1, 1, F] -> latent [1, inter, F]."""
+        for i in range(len(self._flows)):
+            prior = self._run_stage(i, prior, mask)
+        return prior
+
+    def _run_stage(self, i: int, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """Stage i of the flow (a coupling layer, or one flow.onnx) over x [1, inter, F]. A piece of
+        one sentence is all frames, so its mask is ones."""
         if mask is None:
-            mask = np.ones((1, 1, prior.shape[-1]), dtype=np.float32)
-        feeds = {PRIOR_NAME: np.ascontiguousarray(prior), MASK_NAME: mask}
-        return self._flow.run([LATENT_NAME], feeds)[0]
+            mask = np.ones((1, 1, x.shape[-1]), dtype=np.float32)
+        feeds = {PRIOR_NAME: np.ascontiguousarray(x), MASK_NAME: mask}
+        return self._flows[i].run([LATENT_NAME], feeds)[0]
 
     def _decode(self, latent: np.ndarray) -> np.ndarray:
         """Latent frames [1, inter, F] -> audio [F * hop] float32 in [-1, 1]: one window of them all."""

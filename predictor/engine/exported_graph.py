@@ -7,8 +7,10 @@ CPU image can apply them to an artifact published before they existed):
   * ``cut_decoder``: the generator cut after its first upsampling stage into decoder_head.onnx and
     decoder_tail.onnx, so the CPU can run the tail in cache-sized chunks (engine/exported.py);
   * ``split_flow``: cut the encoder again at the flow's input into prior.onnx (phoneme ids -> the
-    prior's sample z_p, the frame mask and the durations) and flow.onnx (z_p -> latent), so a stream
+    prior's sample z_p, the frame mask and the durations) and the flow (z_p -> latent), so a stream
     can run the flow in pieces too (engine/windows.py);
+  * ``split_couplings``: the flow cut at each coupling layer (flow_0.onnx, flow_1.onnx, ...), so a
+    stream's pieces of it redo only each layer's own context (windows.flow_runs);
   * ``feed_noise``: the encoder's RandomNormalLike nodes read from an input (engine/noise.py), so a
     seed means the same audio on either engine;
   * ``expose_durations``: the encoder gives out each phoneme id's frames (word timestamps);
@@ -21,13 +23,15 @@ CPU image can apply them to an artifact published before they existed):
 
 Publish applies all of them (engine/convert.write_onnx_split); engine/exported.py applies what an
 older artifact lacks, in memory, at load, where it has to load onnx anyway: an artifact that already
-holds prior.onnx and flow.onnx beside the decoder, as head and tail or as one decoder.onnx, is loaded
-as it is (no onnx import at cold start), so a decoder.onnx published before polyphase_upsampling or
-cut_decoder runs unchanged (the same audio, slower) until the voice is published again.
+holds prior.onnx and the flow (its coupling layers, or one flow.onnx) beside the decoder (as head and
+tail, or one decoder.onnx) is loaded as it is (no onnx import at cold start), so a flow.onnx published
+before split_couplings, or a decoder.onnx before polyphase_upsampling or cut_decoder, runs unchanged
+(the same audio, slower) until the voice is published again.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,6 +195,41 @@ def split_flow(encoder: Any) -> tuple[Any, Any]:
         for value in [*part.graph.input, *part.graph.output]:
             value.name = renames.get(value.name, value.name)
     return first_part, second_part
+
+
+def split_couplings(flow: Any) -> list[Any]:
+    """The flow (split_flow's second part) -> one ModelProto per coupling layer, in the order they run,
+    so a stream can run the flow one coupling layer at a time (windows.flow_runs): each reads
+    ``prior`` (the flow's input, or the layer before's output) and ``frame_mask`` and gives out
+    ``latent`` (the next layer's input, or the flow's output), the flips of channels between the
+    layers going with the layer before them.
+
+    Found by structure: a coupling layer starts where it splits its input into halves (a Split node
+    under the flow's scope); the cuts are those Splits' inputs. Together the parts run every node of
+    the flow once.
+    """
+    import onnx.utils
+
+    graph = flow.graph
+    cuts = [n.input[0] for n in graph.node if n.op_type == "Split" and n.name.startswith(_FLOW_SCOPE)]
+    if not cuts:
+        raise ConversionError(f"no Split node under {_FLOW_SCOPE}: not a Piper VITS flow")
+    bounds = [PRIOR_NAME, *cuts[1:], LATENT_NAME]
+    extractor = onnx.utils.Extractor(flow)
+    parts = []
+    for a, b in itertools.pairwise(bounds):
+        part = extractor.extract_model([a, MASK_NAME], [b])
+        renames = {a: PRIOR_NAME, b: LATENT_NAME}
+        for node in part.graph.node:
+            node.input[:] = [renames.get(i, i) for i in node.input]
+            node.output[:] = [renames.get(o, o) for o in node.output]
+        for value in [*part.graph.input, *part.graph.output]:
+            value.name = renames.get(value.name, value.name)
+        parts.append(part)
+    ran = [n.name for part in parts for n in part.graph.node if n.op_type != "Constant"]
+    if sorted(ran) != sorted(n.name for n in graph.node if n.op_type != "Constant"):
+        raise ConversionError("the flow's coupling layers do not run each of its nodes once")
+    return parts
 
 
 def prepare_encoder(encoder: Any) -> Any:

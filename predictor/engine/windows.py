@@ -6,14 +6,15 @@ that many frames of context on each side (fewer at the ends of the latent, where
 zero padding too) therefore gives the same samples as the whole decode over the window's own frames;
 only those samples (frames x hop_length) are kept. The flow (coupling layers of WaveNet convolutions,
 flips of channels, nothing across the whole of time) is the same kind of stack, from the prior's
-sample to the latent, so it runs in pieces the same way (flow_plan). The contexts are computed from
-the voice's hyperparameters (vits.json), never assumed.
+sample to the latent, so it runs in pieces the same way, one coupling layer at a time (flow_runs).
+The contexts are computed from the voice's hyperparameters (vits.json), never assumed.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from predictor.engine.vits_config import GENERATOR_PRE_POST_KERNEL, VitsConfig
@@ -77,17 +78,23 @@ def _stage_reach(config: VitsConfig, stage: int) -> float:
     return math.ceil(k / u) + widest / u
 
 
-def flow_context_frames(config: VitsConfig) -> int:
-    """Frames on each side that a latent frame of the flow can depend on in its input (rounded up).
+def coupling_context_frames(config: VitsConfig) -> int:
+    """Frames on each side that a coupling layer's output can depend on in its input.
 
-    Each coupling layer changes half of the channels from the other half through its WaveNet: 1x1
+    A coupling layer changes half of the channels from the other half through its WaveNet: 1x1
     convolutions around flow_n_layers dilated convolutions, the i-th reaching (k - 1) / 2 * rate**i
-    frames; the layers run one after the other, so their reaches add. One frame more, as for the
-    decoder.
+    frames, one after the other, so their reaches add; the flips between the layers act on channels
+    only. Whole frames, no rounding: the convolutions are symmetric and at frame rate.
     """
     radius = (config.flow_kernel_size - 1) // 2
-    per_layer = sum(radius * config.flow_dilation_rate**i for i in range(config.flow_n_layers))
-    return config.flow_n_flows * per_layer + 1
+    return sum(radius * config.flow_dilation_rate**i for i in range(config.flow_n_layers))
+
+
+def flow_context_frames(config: VitsConfig) -> int:
+    """Frames on each side that a latent frame can depend on in the prior's sample, through all the
+    coupling layers (their reaches add), and one more: what a flow run in one part (a flow.onnx
+    published before the flow was cut into its coupling layers) reads around a piece."""
+    return config.flow_n_flows * coupling_context_frames(config) + 1
 
 
 @dataclass(frozen=True)
@@ -130,17 +137,35 @@ def plan(n_frames: int, first_frames: int, window_frames: int, context: int) -> 
     ]
 
 
-def flow_plan(n_frames: int, first_end: int, context: int) -> list[Window]:
-    """Pieces of the flow over [0, n_frames): [0, first_end), what the first decoder window reads,
-    then the rest in one run, each with the flow's context. Two pieces, not one a decoder window: the
-    first audio waits only for the first, and the rest pays the context once. A rest shorter than
-    three contexts runs in the first piece: the two pieces would redo twice the context (a third of
-    a short sentence's flow) to bring its first audio forward by less than that."""
+def flow_runs(n_frames: int, first_end: int, contexts: Sequence[int]) -> list[list[tuple[int, Window]]]:
+    """How a stream runs the flow's stages (its coupling layers, or the whole flow as one stage) over
+    [0, n_frames): in two pieces, the first making the latent's [0, first_end) (what the first decoder
+    window reads), the second the rest; a piece is a list of (stage, window of that stage's output) in
+    the order they run, each window reading its stage's input over ``contexts[stage]`` frames more on
+    either side, all of which the stage before has made by then.
+
+    The first audio waits for the first piece only. Each stage's second run redoes twice its context,
+    so cut at every stage the flow redoes twice the sum of the contexts (64 frames of one coupling
+    layer for this voice's four, an eighth of a 126-frame sentence's flow), not that many frames of
+    the whole flow (four times as much). A rest shorter than three times the summed context runs in
+    the first piece: splitting would cost more than it brings forward (docs/benchmarks.md, "The flow
+    one coupling layer at a time").
+    """
     if n_frames <= 0:
         return []
-    if n_frames - first_end < 3 * context:
-        return [Window(0, n_frames, 0, n_frames)]
-    return [
-        Window(0, first_end, 0, first_end + context),
-        Window(first_end, n_frames, max(0, first_end - context), n_frames),
+    if n_frames - first_end < 3 * sum(contexts):
+        return [[(i, Window(0, n_frames, 0, n_frames)) for i in range(len(contexts))]]
+    # The frames each stage's output must reach for the last stage to reach first_end.
+    ends = [first_end] * len(contexts)
+    for i in range(len(contexts) - 1, 0, -1):
+        ends[i - 1] = min(n_frames, ends[i] + contexts[i])
+    first = [
+        (i, Window(0, e, 0, min(n_frames, e + c)))
+        for i, (e, c) in enumerate(zip(ends, contexts, strict=True))
     ]
+    rest = [
+        (i, Window(e, n_frames, max(0, e - c), n_frames))
+        for i, (e, c) in enumerate(zip(ends, contexts, strict=True))
+        if e < n_frames
+    ]
+    return [first, rest]

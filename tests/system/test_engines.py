@@ -23,6 +23,7 @@ from predictor.engine.native import TorchEngine
 from predictor.errors import BadRequest, EngineError
 from testing.artifacts import (
     as_published_before_noise_and_durations,
+    as_published_before_the_coupling_cut,
     as_published_before_the_decoder_cut,
     prior_before_banded_attention,
     untouched_decoder,
@@ -459,6 +460,23 @@ def test_a_voice_published_with_one_decoder_file_runs_it_whole_for_the_same_audi
         rtol=0,
         atol=1e-5,
     )
+
+
+def test_a_voice_published_with_one_flow_file_runs_it_whole_for_the_same_audio(engines, voice_dir, tmp_path):
+    _, onnx_engine = engines
+    old = as_published_before_the_coupling_cut(voice_dir, tmp_path / "old-voice")
+    loaded = OnnxEngine(device="cpu", threads=2)
+    loaded.load(old)
+    seeded = SynthesisParams(seed=4)
+
+    # One flow.onnx reads the whole flow's context around a stream's piece (33 frames), the coupling
+    # layers their own 8 each.
+    assert (len(loaded._flows), loaded._flow_contexts) == (1, [33])
+    assert (len(onnx_engine._flows), onnx_engine._flow_contexts) == (4, [8, 8, 8, 8])
+    whole = onnx_engine.synthesize(TEXTS[1:2], seeded)[0]
+    np.testing.assert_array_equal(loaded.synthesize(TEXTS[1:2], seeded)[0], whole)
+    streamed = np.concatenate([a for a, _ in loaded.stream(TEXTS[1], seeded, StreamWindows(24, 192))])
+    assert np.abs(streamed - whole).max() <= 1e-4
 
 
 # --- lanes: a call's sentences side by side (engine/lanes.py) ---------------------------------------

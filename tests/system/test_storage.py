@@ -31,7 +31,10 @@ VOICE_FILES = {
     "model.safetensors",
     "vits.json",
     "prior.onnx",
-    "flow.onnx",
+    "flow_0.onnx",  # the flow, one coupling layer a file
+    "flow_1.onnx",
+    "flow_2.onnx",
+    "flow_3.onnx",
     "decoder_head.onnx",
     "decoder_tail.onnx",
 }
@@ -254,8 +257,9 @@ def test_engine_filter_fetches_only_that_engines_files(published_voice: str, s3_
     assert report.files_downloaded == 4
     assert (models / "model.safetensors").exists() and not (models / "model.onnx").exists()
     _, again = fetch(published_voice, models, engine="onnx")  # a restart with another engine
-    # the graph's four parts (prior, flow, decoder head and tail); config, card and vits.json kept
-    assert (again.files_downloaded, again.files_skipped) == (4, 3)
+    # the graph's parts (prior, the flow's four coupling layers, decoder head and tail); config, card
+    # and vits.json kept
+    assert (again.files_downloaded, again.files_skipped) == (7, 3)
 
 
 def test_another_uri_is_fetched_even_if_files_match(published_voice: str, s3_env: str, tmp_path: Path):

@@ -113,28 +113,28 @@ def test_context_shorter_than_the_receptive_field_breaks_the_join(torch_engine):
     assert float((joined(context - 5) - whole).abs().max()) > 1e-4
 
 
+def _flowed_in_pieces(engine, prior: np.ndarray, first_end: int, contexts: list[int]) -> np.ndarray:
+    """The latent of ``prior`` made as a stream makes it: the flow's stages over windows.flow_runs."""
+    stages = [prior, *(np.empty_like(prior) for _ in contexts)]
+    for piece in windows.flow_runs(prior.shape[-1], first_end, contexts):
+        for i, run in piece:
+            out = engine._run_stage(i, stages[i][:, :, run.context_start : run.context_end])
+            stages[i + 1][:, :, run.start : run.end] = out[:, :, run.keep(1)]
+    return stages[-1]
+
+
 def test_a_flow_context_shorter_than_its_receptive_field_breaks_the_join(onnx_engine):
     voice = onnx_engine.voice
     ids = next(iter(phonemes.sentence_ids(SENTENCES[4], voice.espeak_voice, voice.phoneme_id_map)))
     prior, mask, _ = onnx_engine._encode(ids, onnx_engine._scales(SynthesisParams()), None, seed=7)
     whole = onnx_engine._run_flow(prior, mask)
+    contexts = onnx_engine._flow_contexts  # windows.coupling_context_frames of the voice, per layer
+    assert len(windows.flow_runs(prior.shape[-1], 30, contexts)) == 2
 
-    def joined(context: int) -> np.ndarray:
-        pieces = windows.flow_plan(prior.shape[-1], 30, context)
-        assert len(pieces) == 2
-        return np.concatenate(
-            [
-                onnx_engine._run_flow(prior[:, :, p.context_start : p.context_end])[:, :, p.keep(1)]
-                for p in pieces
-            ],
-            axis=-1,
-        )
-
-    context = onnx_engine._flow_context  # windows.flow_context_frames of the voice (tested below)
-    assert np.abs(joined(context) - whole).max() <= 1e-4
-    # The reach of the last couplings' far taps is small (the join is within 1e-4 from about 24
-    # frames on); half the context is well inside what the flow reads.
-    assert np.abs(joined(context // 2) - whole).max() > 1e-4
+    assert np.abs(_flowed_in_pieces(onnx_engine, prior, 30, contexts) - whole).max() <= 1e-4
+    # Each coupling layer reads 8 frames around; 6 leave its far taps out and move the join.
+    narrower = [c - 2 for c in contexts]
+    assert np.abs(_flowed_in_pieces(onnx_engine, prior, 30, narrower) - whole).max() > 1e-4
 
 
 def test_an_onnx_streams_window_runs_the_tail_only_over_its_own_positions_and_the_tails_context(
@@ -168,22 +168,28 @@ def test_a_head_context_shorter_than_its_reach_breaks_the_join(onnx_engine, monk
     assert np.abs(_joined(onnx_engine, LONG_SENTENCE, seeded, 24, 40)[0] - whole).max() > 1e-4
 
 
-def test_an_onnx_stream_runs_the_flow_only_over_its_first_windows_frames_before_the_first_audio(
+def test_an_onnx_stream_runs_each_coupling_layer_only_over_its_first_windows_share_before_the_first_audio(
     onnx_engine, monkeypatch
 ):
-    ran: list[int] = []
-    real = onnx_engine._run_flow
+    ran: list[tuple[int, int]] = []  # (stage, frames read)
+    real = onnx_engine._run_stage
     monkeypatch.setattr(
-        onnx_engine, "_run_flow", lambda prior, mask=None: ran.append(prior.shape[-1]) or real(prior, mask)
+        onnx_engine, "_run_stage", lambda i, x, mask=None: ran.append((i, x.shape[-1])) or real(i, x, mask)
     )
     stream = onnx_engine.stream(LONG_SENTENCE, SynthesisParams(seed=1), StreamWindows(24, 192))
 
-    next(stream)
+    first, _ = next(stream)
     before_first_audio = list(ran)
-    list(stream)
+    frames = (len(first) + sum(len(audio) for audio, _ in stream)) // onnx_engine.hop_length
 
-    assert before_first_audio == [24 + onnx_engine._head_context + onnx_engine._flow_context]
-    assert len(ran) == 2 and ran[1] == sum(ran) - ran[0]  # the rest in one run, after the first audio
+    # The first window's 24 frames and the head's 13 more from the last coupling layer, each layer
+    # before it 8 frames further (its own context), not every layer over the whole flow's 33.
+    reach, (context, *_) = 24 + onnx_engine._head_context, onnx_engine._flow_contexts
+    assert before_first_audio == [(i, reach + (4 - i) * context) for i in range(4)]
+    # After the first audio each layer once more, over the rest and its context on the left: each
+    # layer's two runs read its frames and twice its context, no more.
+    assert [i for i, _ in ran[4:]] == [0, 1, 2, 3]
+    assert [ran[i][1] + ran[4 + i][1] for i in range(4)] == [frames + 2 * context] * 4
 
 
 @pytest.mark.parametrize("engine_name", ["onnx", "torch"])
@@ -297,8 +303,10 @@ def test_receptive_field_follows_the_voice_config(voice_dir):
     # and the tail's own context (11 positions) at 8 per frame.
     assert windows.decoder_head_context(config) == math.ceil(3 + 2 + 45 / 8 + 11 / 8) + 1 == 13
     assert windows.decoder_head_context(wider) > windows.decoder_head_context(config)
-    assert windows.flow_context_frames(config) == 4 * (2 + 2 + 2 + 2) + 1  # 4 couplings, 4 k=5 convs each
+    assert windows.coupling_context_frames(config) == 2 + 2 + 2 + 2  # 4 k=5 convs in each coupling layer
+    assert windows.flow_context_frames(config) == 4 * 8 + 1  # 4 coupling layers, one frame more
     deeper = VitsConfig.from_dict({**config.to_dict(), "flow_dilation_rate": 2})
+    assert windows.coupling_context_frames(deeper) == 2 + 4 + 8 + 16
     assert windows.flow_context_frames(deeper) == 4 * (2 + 4 + 8 + 16) + 1
 
 
@@ -328,13 +336,23 @@ def test_a_later_sentence_under_two_windows_is_decoded_whole_and_a_first_one_is_
     assert [(w.start, w.end) for w in windows.plan(40, 24, 192, 13)] == [(0, 24), (24, 40)]
 
 
-def test_flow_plan_covers_every_frame_once_and_splits_only_a_rest_longer_than_three_contexts():
+@pytest.mark.parametrize("contexts", [[8, 8, 8, 8], [33], [2, 30, 5]])
+def test_flow_runs_make_every_frame_of_every_stage_once_from_frames_already_made(contexts):
     for n in range(1, 400, 7):
-        pieces = windows.flow_plan(n, 37, 33)
-        assert pieces[0].start == 0 and pieces[-1].end == n
-        assert all(a.end == b.start for a, b in itertools.pairwise(pieces))
-        assert all(0 <= p.context_start <= p.start < p.end <= p.context_end <= n for p in pieces)
-        assert len(pieces) == (2 if n - 37 >= 3 * 33 else 1)
+        made = [n] + [0] * len(contexts)  # the prior, then each stage's output: frames made so far
+        pieces = windows.flow_runs(n, 37, contexts)
+        for piece in pieces:
+            for i, run in piece:
+                assert run.start == made[i + 1] < run.end  # the next frames, never again
+                assert run.context_start == max(0, run.start - contexts[i])
+                assert run.context_end == min(n, run.end + contexts[i]) <= made[i]  # read what is made
+                made[i + 1] = run.end
+            assert piece[-1][0] == len(contexts) - 1  # each piece brings the latent on
+        assert made == [n] * (len(contexts) + 1)
+        # Cut only where the rest is at least three times the contexts the cut redoes; then the
+        # first piece makes exactly the latent's first 37 frames.
+        assert len(pieces) == (2 if n - 37 >= 3 * sum(contexts) else 1)
+        assert len(pieces) == 1 or pieces[0][-1][1].end == 37
 
 
 @pytest.mark.parametrize(
