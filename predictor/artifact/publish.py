@@ -58,7 +58,7 @@ def build_default_voice(out_dir: Path) -> Manifest:
         files.append(
             ManifestFile(path=path.name, size=path.stat().st_size, sha256=sha256_file(path), engines=engines)
         )
-    # The onnx engine's graph in three parts, text -> the prior's sample -> latent -> audio, so a
+    # The onnx engine's graph in parts, text -> the prior's sample -> latent -> audio, so a
     # stream can run the flow and the decoder in pieces; split here, once, so a pod never needs onnx
     # to start.
     for path in write_onnx_split(out_dir / "model.onnx", out_dir):
