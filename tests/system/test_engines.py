@@ -479,6 +479,15 @@ def test_a_voice_published_with_one_flow_file_runs_it_whole_for_the_same_audio(e
     assert np.abs(streamed - whole).max() <= 1e-4
 
 
+def test_the_flows_coupling_layers_run_without_an_arena_each(engines):
+    # Four sessions, one after the other: an arena each would keep four peaks where one flow.onnx kept
+    # one (resident memory 545 -> 686 MiB after requests of every length; docs/benchmarks.md).
+    _, onnx_engine = engines
+    assert len(onnx_engine._flows) == 4
+    assert not any(s.get_session_options().enable_cpu_mem_arena for s in onnx_engine._flows)
+    assert onnx_engine._prior is not None and onnx_engine._prior.get_session_options().enable_cpu_mem_arena
+
+
 # --- lanes: a call's sentences side by side (engine/lanes.py) ---------------------------------------
 @pytest.fixture(scope="module")
 def laned(voice_dir):
