@@ -28,9 +28,10 @@ def test_publish_then_fetch_round_trip(s3_server, tmp_path):
 
     assert published.returncode == 0, published.stderr
     assert fetched.returncode == 0, fetched.stderr
-    # model.onnx, config, card, safetensors, vits.json, prior, flow, decoder head and tail
-    assert "9 downloaded" in fetched.stdout
-    assert "0 downloaded, 9 already verified" in again.stdout
+    # model.onnx, config, card, safetensors, vits.json, prior, the flow's four coupling layers, decoder
+    # head and tail
+    assert "12 downloaded" in fetched.stdout
+    assert "0 downloaded, 12 already verified" in again.stdout
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
     assert manifest["name"] == "en_US-joe-medium"
 
@@ -42,8 +43,8 @@ def test_fetch_for_one_engine_skips_the_other_engines_weights(s3_server, tmp_pat
     fetched = cli("fetch", "s3://cli-voices/joe-onnx", str(tmp_path / "model"), "--engine", "onnx", env=env)
 
     assert fetched.returncode == 0, fetched.stderr
-    assert "7 downloaded" in fetched.stdout  # config, card, vits.json and the graph's four parts
-    parts = ("prior", "flow", "decoder_head", "decoder_tail")
+    assert "10 downloaded" in fetched.stdout  # config, card, vits.json and the graph's seven parts
+    parts = ("prior", "flow_0", "flow_1", "flow_2", "flow_3", "decoder_head", "decoder_tail")
     assert all((tmp_path / "model" / f"{part}.onnx").exists() for part in parts)
     assert not (tmp_path / "model" / "model.safetensors").exists()
     assert not (tmp_path / "model" / "model.onnx").exists()  # Piper's whole graph: no engine of ours reads it
