@@ -123,12 +123,17 @@ def _cut(model: Any, cut: str, name: str) -> tuple[Any, Any]:
     before = extractor.extract_model([i.name for i in model.graph.input], [cut])
     after = extractor.extract_model([cut], [o.name for o in model.graph.output])
     for part in (before, after):
-        for node in part.graph.node:
-            node.input[:] = [name if i == cut else i for i in node.input]
-            node.output[:] = [name if o == cut else o for o in node.output]
-    before.graph.output[0].name = name
-    after.graph.input[0].name = name
+        _rename(part, {cut: name})
     return before, after
+
+
+def _rename(part: Any, renames: dict[str, str]) -> None:
+    """Tensors of an extracted part renamed, wherever its nodes, inputs and outputs name them."""
+    for node in part.graph.node:
+        node.input[:] = [renames.get(i, i) for i in node.input]
+        node.output[:] = [renames.get(o, o) for o in node.output]
+    for value in [*part.graph.input, *part.graph.output]:
+        value.name = renames.get(value.name, value.name)
 
 
 def split_flow(encoder: Any) -> tuple[Any, Any]:
@@ -187,13 +192,8 @@ def split_flow(encoder: Any) -> tuple[Any, Any]:
     inputs = [i.name for i in graph.input]
     first_part = extractor.extract_model(inputs, [prior, mask, DURATIONS_NAME])
     second_part = extractor.extract_model([prior, mask], [LATENT_NAME])
-    renames = {prior: PRIOR_NAME, mask: MASK_NAME}
     for part in (first_part, second_part):
-        for node in part.graph.node:
-            node.input[:] = [renames.get(i, i) for i in node.input]
-            node.output[:] = [renames.get(o, o) for o in node.output]
-        for value in [*part.graph.input, *part.graph.output]:
-            value.name = renames.get(value.name, value.name)
+        _rename(part, {prior: PRIOR_NAME, mask: MASK_NAME})
     return first_part, second_part
 
 
@@ -219,12 +219,7 @@ def split_couplings(flow: Any) -> list[Any]:
     parts = []
     for a, b in itertools.pairwise(bounds):
         part = extractor.extract_model([a, MASK_NAME], [b])
-        renames = {a: PRIOR_NAME, b: LATENT_NAME}
-        for node in part.graph.node:
-            node.input[:] = [renames.get(i, i) for i in node.input]
-            node.output[:] = [renames.get(o, o) for o in node.output]
-        for value in [*part.graph.input, *part.graph.output]:
-            value.name = renames.get(value.name, value.name)
+        _rename(part, {a: PRIOR_NAME, b: LATENT_NAME})
         parts.append(part)
     ran = [n.name for part in parts for n in part.graph.node if n.op_type != "Constant"]
     if sorted(ran) != sorted(n.name for n in graph.node if n.op_type != "Constant"):
