@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -93,13 +93,15 @@ class OnnxEngine(PiperEngine):
         self._options = _session_options(device, threads, layout=False)
         self._layout_options = _session_options(device, threads, layout=True)
         # The flow's coupling layers run one after the other, each as its own session, and a session's
-        # CPU arena keeps the peak of its own runs: four arenas where one flow.onnx had one, each as
-        # large. Without them the layers' activations come from malloc and go back to it after every
-        # run: resident memory after the same requests of every length 686 -> 512-524 MiB (one
-        # flow.onnx with its arena: 545), at the same speed (docs/benchmarks.md, "The flow one coupling
-        # layer at a time").
+        # own CPU arena keeps the peak of its runs: four arenas where one flow.onnx had one, each as
+        # large (resident memory after the same requests of every length 545 -> 686 MiB). They share
+        # one arena in onnxruntime's environment instead (_shared_arena): 522 MiB, as fast as arenas of
+        # their own; with no arena at all 518-541 MiB, but whole answers 2-4 % slower (docs/benchmarks.md,
+        # "The flow one coupling layer at a time").
         self._flow_options = _session_options(device, threads, layout=False)
-        self._flow_options.enable_cpu_mem_arena = device != "cpu"
+        if device == "cpu":
+            _shared_arena()
+            self._flow_options.add_session_config_entry("session.use_env_allocators", "1")
         self._prior: onnxruntime.InferenceSession | None = None
         self._flows: list[onnxruntime.InferenceSession] = []  # the coupling layers in order, or one flow.onnx
         self._decoder: onnxruntime.InferenceSession | None = None  # the head, or a whole decoder.onnx
@@ -478,6 +480,17 @@ def _session_options(device: str, threads: int, layout: bool) -> onnxruntime.Ses
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")
         options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
+
+
+@cache
+def _shared_arena() -> None:
+    """One CPU arena in onnxruntime's environment, registered once a process, for the sessions that
+    ask for it (``session.use_env_allocators``): the flow's coupling layers, which run one after the
+    other and so need one layer's peak at a time, not one each."""
+    info = onnxruntime.OrtMemoryInfo(
+        "Cpu", onnxruntime.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, onnxruntime.OrtMemType.DEFAULT
+    )
+    onnxruntime.create_and_register_allocator(info, None)
 
 
 def _tail_task(

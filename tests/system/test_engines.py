@@ -479,13 +479,18 @@ def test_a_voice_published_with_one_flow_file_runs_it_whole_for_the_same_audio(e
     assert np.abs(streamed - whole).max() <= 1e-4
 
 
-def test_the_flows_coupling_layers_run_without_an_arena_each(engines):
+def test_the_flows_coupling_layers_share_one_arena(engines):
     # Four sessions, one after the other: an arena each would keep four peaks where one flow.onnx kept
     # one (resident memory 545 -> 686 MiB after requests of every length; docs/benchmarks.md).
     _, onnx_engine = engines
     assert len(onnx_engine._flows) == 4
-    assert not any(s.get_session_options().enable_cpu_mem_arena for s in onnx_engine._flows)
-    assert onnx_engine._prior is not None and onnx_engine._prior.get_session_options().enable_cpu_mem_arena
+    for session in onnx_engine._flows:
+        options = session.get_session_options()
+        assert options.get_session_config_entry("session.use_env_allocators") == "1"
+    # The prior keeps its own (the setting absent).
+    assert onnx_engine._prior is not None
+    with pytest.raises(RuntimeError, match="use_env_allocators"):
+        onnx_engine._prior.get_session_options().get_session_config_entry("session.use_env_allocators")
 
 
 # --- lanes: a call's sentences side by side (engine/lanes.py) ---------------------------------------
