@@ -305,12 +305,7 @@ class OnnxEngine(PiperEngine):
             flowed = 0  # frames of the latent (the last stage's output) computed so far
             for n, w in enumerate(plan):
                 while flowed < w.context_end:
-                    piece = next(pieces)
-                    for i, run in piece:
-                        window = stages[i][:, :, run.context_start : run.context_end]
-                        flowed_stage = self._run_stage(i, window)
-                        stages[i + 1][:, :, run.start : run.end] = flowed_stage[:, :, run.keep(1)]
-                    flowed = piece[-1][1].end  # a piece ends with the last stage's run
+                    flowed = self._flow_piece(stages, next(pieces))
                 yield self._decode_window(stages[-1], w), k == len(sentences) - 1 and n == len(plan) - 1
 
     def _encode(
@@ -342,6 +337,15 @@ class OnnxEngine(PiperEngine):
                 if f"{NOISE_NAME}/1/Reshape" not in str(exc):
                     raise
                 frames *= 4
+
+    def _flow_piece(self, stages: list[np.ndarray], piece: list[tuple[int, windows.Window]]) -> int:
+        """One of windows.flow_runs' pieces: each run's frames of stage i + 1's output [1, inter, F]
+        written into stages[i + 1] from stages[i] (stages[0] the prior's sample); the frames of the
+        latent made so far (a piece ends with the last stage's run)."""
+        for i, run in piece:
+            out = self._run_stage(i, stages[i][:, :, run.context_start : run.context_end])
+            stages[i + 1][:, :, run.start : run.end] = out[:, :, run.keep(1)]
+        return piece[-1][1].end
 
     def _run_flow(self, prior: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The prior's sample [1, inter, F] and its frame mask [1, 1, F] -> latent [1, inter, F]."""

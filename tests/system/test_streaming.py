@@ -117,9 +117,7 @@ def _flowed_in_pieces(engine, prior: np.ndarray, first_end: int, contexts: list[
     """The latent of ``prior`` made as a stream makes it: the flow's stages over windows.flow_runs."""
     stages = [prior, *(np.empty_like(prior) for _ in contexts)]
     for piece in windows.flow_runs(prior.shape[-1], first_end, contexts):
-        for i, run in piece:
-            out = engine._run_stage(i, stages[i][:, :, run.context_start : run.context_end])
-            stages[i + 1][:, :, run.start : run.end] = out[:, :, run.keep(1)]
+        engine._flow_piece(stages, piece)
     return stages[-1]
 
 
