@@ -13,7 +13,7 @@
     5,000-character request vs at ready (goal <= 1.3x);
   * goal 4's floor (issue 26), the onnx engine as served (its threads and lanes) in this process, no
     HTTP: for one sentence of 26 and 99 characters and the 25 words, what must precede any audio
-    (phonemes, text encoder, durations, the prior's sample) and the first piece with the configured
+    (the text encoder, durations and the prior's sample, after the phonemes) and the first piece with the configured
     first window and with the least one (one frame), each vs the whole answer (goal <= 0.3x), and
     the streamed totals with each (goal <= 1.05x): where the least window's first piece stays over
     0.3x, windows that join into the whole answer cannot meet it on this machine.
