@@ -324,7 +324,8 @@ class Settings(BaseSettings):
         "a later sentence starts while the earlier ones play, with a STREAM_WINDOW_FRAMES window): the first "
         "audio waits for text encoder, durations and prior, then this much flow (onnx; torch: the whole flow) "
         "and decoding. Default: short, so the first audio waits little; smaller windows pay their context "
-        "more often.",
+        "more often. A window shorter than CROSSFADE_MS of audio (50 ms: 5 frames) sends nothing until the next "
+        "window comes, its last CROSSFADE_MS being held back for a following segment's crossfade.",
     )
     stream_window_frames: int = Field(
         192,
