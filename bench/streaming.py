@@ -401,13 +401,13 @@ def _floor(res: SuiteResult, model_dir: Path) -> None:
         firsts: dict[str, list[float]] = {side: [] for side in sides}
         totals: dict[str, list[float]] = {side: [] for side in sides}
         for r in range(FLOOR_ROUNDS + 1):  # round 0 runs this length's kernels once
-            time.sleep(0.05)
+            settle()
             spent[0] = 0.0
             start = time.perf_counter()
             engine.synthesize([text], params)
             whole, encoded = time.perf_counter() - start, spent[0]
             for side, frames in sides.items():
-                time.sleep(0.05)
+                settle()
                 start = time.perf_counter()
                 pieces = engine.stream_checked(
                     text, params, StreamWindows(frames, settings.stream_window_frames)
